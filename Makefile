@@ -1,0 +1,39 @@
+# The README's two commands: `make lab` (the lab's main job) and `make test` (the suite).
+# Both create .venv when it is missing and install everything first.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: lab test install jupyter bench clean-venv
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, from the CPU wheel on this machine's disk, so nothing pulls a CUDA build;
+# constraints.txt keeps it pinned for every later install.
+$(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(PIP) check
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(PY) -m labkit lab
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+jupyter: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+bench: $(STAMP)
+	$(PY) -m labkit.bench sandbox
+
+clean-venv:
+	rm -rf $(VENV)

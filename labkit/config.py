@@ -1,0 +1,177 @@
+"""Typed configuration: dataclasses in, dataclasses out, with clear errors.
+
+Every concern has its own dataclass (``SandboxConfig``, ``FeedbackConfig``, ...). This
+module turns nested dicts (from YAML or JSON) and ``key=value`` overrides (from the CLI
+or a papermill parameter) into those dataclasses, checking every key and value type, so
+a typo fails loudly instead of silently training with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message says which and what is allowed."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check (and gently convert) ``value`` to the annotated type ``tp``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} matches none of {tp}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, _where=where)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    if isinstance(tp, type) and issubclass(tp, Path):
+        return Path(value)
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys and bad values raise ConfigError."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{_where or cls.__name__}: expected a mapping, got {data!r}")
+    hints = _field_types(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"{_where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{_where + '.' if _where else ''}{k}") for k, v in data.items()}
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        check()
+    return obj
+
+
+def to_dict(cfg: Any) -> dict:
+    """A plain, YAML-able dict of a config dataclass (nested ones included)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        elif isinstance(v, Path):
+            v = str(v)
+        out[f.name] = v
+    return out
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"a.b=3"`` -> (["a", "b"], 3) with the value parsed as YAML (numbers, bools, lists)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. sandbox.workers=2)")
+    key, raw = item.split("=", 1)
+    import yaml
+
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(cfg: T, overrides: list[str] | tuple[str, ...]) -> T:
+    """Return a copy of ``cfg`` with ``key.sub=value`` overrides applied and re-validated."""
+    data = to_dict(cfg)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            if part not in node or not isinstance(node[part], dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(path[: i + 1])!r} is not a section; "
+                    f"sections: {sorted(k for k, v in node.items() if isinstance(v, dict))}")
+            node = node[part]
+        if path[-1] not in node:
+            raise ConfigError(f"override {item!r}: unknown key {'.'.join(path)!r}; "
+                              f"valid keys here: {sorted(node)}")
+        node[path[-1]] = value
+    return from_dict(type(cfg), data)
+
+
+def load_yaml(cls: type[T], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Load ``cls`` from a YAML file, then apply overrides."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+    return apply_overrides(from_dict(cls, data, _where=p.name), list(overrides))

@@ -1,0 +1,472 @@
+"""Weak-feedback signals for a candidate fix: named components, each a pure function.
+
+Given a task and a candidate program, the lab computes (blog recipe of seed 002,
+formalised in ``shared/notes/methods.md`` section 2):
+
+=================  ==========================================================================
+``r_test``         fraction of the hidden tests passed, ``passed / total``
+``r_pass``         ``1`` if every test passed, else ``0``
+``r_compile``      ``1`` if the candidate parses and its module loads (sandbox status is not
+                   ``error``), else ``0``
+``r_precision``    ``exp(-lambda * d)``, ``d`` a normalised distance between the buggy and the
+                   candidate syntax trees (Zhang-Shasha tree edit distance over the ``ast``,
+                   divided by the larger tree's size; a cheaper token-level Levenshtein
+                   distance is the ``token`` option)
+``r_style``        ``exp(-alpha * v)``, ``v`` the number of style violations: ruff lint findings
+                   (bare ``except``, unused imports/names, complexity) plus one if ``black``
+                   would reformat the code
+``r_progress``     a one-off bonus from :class:`ProgressTracker` when a bug kind the policy kept
+                   failing is finally fixed (stateful, checkpointable)
+``hack``           ``1`` if the sandbox's syntax-tree scan raised a hack flag, else ``0``; the
+                   reshaping floor turns it into a penalty
+``noop``           ``1`` if the candidate is the buggy code unchanged (after normalisation)
+=================  ==========================================================================
+
+Components stay separate here; weighting and gating them (e.g. paying ``r_precision``
+only when the tests improve, since the unchanged buggy code maximises it) is the
+reshaping floor's job.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import json
+import math
+import subprocess
+import tempfile
+import tokenize
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal, Mapping, Sequence
+
+from labkit.env.records import Candidate, RepairTask, SandboxResult, Status
+
+# Hack flags that the reshaping floor penalises. Style-level findings (a bare ``except``)
+# are flagged by the sandbox's scan too but are priced by ``r_style``, not here.
+STYLE_ONLY_FLAGS = frozenset({"bare_except"})
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class FeedbackConfig:
+    """Parameters of the feedback components."""
+
+    precision_lambda: float = 2.0
+    """``lambda`` in ``r_precision = exp(-lambda * d)``; d is in [0, 1]."""
+    precision_distance: Literal["tree", "token"] = "tree"
+    """``tree``: normalised Zhang-Shasha edit distance over the ast; ``token``: normalised
+    Levenshtein distance over Python tokens (about 20x cheaper)."""
+    style_alpha: float = 0.5
+    """``alpha`` in ``r_style = exp(-alpha * violations)``."""
+    style_rules: tuple[str, ...] = ("E722", "F401", "F841", "F811", "C901", "E711", "E712")
+    """ruff rules counted as style violations (bare except, unused import/name, redefinition,
+    complexity, comparisons to None/True)."""
+    style_max_complexity: int = 8
+    """McCabe complexity above which C901 fires."""
+    style_check_format: bool = True
+    """Count one violation when ``black`` would reformat the candidate."""
+    repeats: int = 1
+    """Evaluate the tests this many times and average ``r_test`` (for flaky/noisy signals);
+    the status and flags come from the first run."""
+    progress_patience: int = 3
+    """A bug kind counts as 'kept failing' after this many failed attempts in a row."""
+    progress_bonus: float = 1.0
+    """Size of the one-off ``r_progress`` bonus."""
+
+    def validate(self) -> None:
+        if self.precision_lambda < 0:
+            raise ValueError("precision_lambda must be >= 0")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
+        if self.progress_patience < 1:
+            raise ValueError("progress_patience must be >= 1")
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def r_test(result: SandboxResult) -> float:
+    """``r_test = passed / total`` (0 when no test was collected)."""
+    return result.passed / result.total if result.total else 0.0
+
+
+def r_pass(result: SandboxResult) -> float:
+    """``r_pass = 1[status == passed]``."""
+    return 1.0 if result.status == Status.PASSED else 0.0
+
+
+def r_compile(code: str, result: SandboxResult | None = None) -> float:
+    """``r_compile = 1[code parses] * 1[module loads]`` (loading known from a sandbox result)."""
+    try:
+        compile(code, "<candidate>", "exec")
+    except (SyntaxError, ValueError):
+        return 0.0
+    if result is not None and result.status == Status.ERROR:
+        return 0.0
+    return 1.0
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def normalise_code(code: str) -> str:
+    """Code with comments, docstrings and whitespace normalised away (via the ast);
+    falls back to stripping trailing whitespace when the code does not parse."""
+    try:
+        return ast.unparse(_parse(code))
+    except (SyntaxError, ValueError):
+        return "\n".join(line.rstrip() for line in code.strip().splitlines())
+
+
+def is_noop(buggy: str, candidate: str) -> bool:
+    """True when the candidate is the buggy program unchanged (up to normalisation)."""
+    return normalise_code(buggy) == normalise_code(candidate)
+
+
+def _label(n: ast.AST) -> str:
+    if isinstance(n, ast.Name):
+        return f"Name:{n.id}"
+    if isinstance(n, ast.Constant):
+        return f"Const:{n.value!r}"
+    if isinstance(n, ast.Attribute):
+        return f"Attr:{n.attr}"
+    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return f"{type(n).__name__}:{n.name}"
+    if isinstance(n, ast.arg):
+        return f"arg:{n.arg}"
+    return type(n).__name__
+
+
+def _children(n: ast.AST) -> list[ast.AST]:
+    return [c for c in ast.iter_child_nodes(n) if not isinstance(c, (ast.Load, ast.Store, ast.Del))]
+
+
+def _size(n: ast.AST) -> int:
+    return 1 + sum(_size(c) for c in _children(n))
+
+
+def _zss(nodes: list[ast.AST]):
+    from zss import Node
+
+    def build(n: ast.AST) -> Node:
+        node = Node(_label(n))
+        for c in _children(n):
+            node.addkid(build(c))
+        return node
+
+    root = Node("block")
+    for n in nodes:
+        root.addkid(build(n))
+    return root
+
+
+def _strip_docstrings(module: ast.Module) -> ast.Module:
+    for n in ast.walk(module):
+        body = getattr(n, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            n.body = body[1:] or [ast.Pass()]
+    return module
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(code: str) -> ast.Module:
+    return _strip_docstrings(ast.parse(code))
+
+
+def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:
+    """Tree edit distance between two statement blocks, computed piecewise.
+
+    Statements are aligned by ``difflib`` on their ``ast.dump``; equal statements cost 0,
+    a compound statement of the same kind and header in both (``def``, ``for``, ``while``,
+    ``if``, ``with``) is compared body against body (recursively), and each remaining
+    replaced / inserted / deleted run is priced by Zhang-Shasha on just that run. The
+    result is an upper bound of the full tree edit distance that is exact for the usual
+    repair (one or a few local edits) and orders of magnitude cheaper.
+    """
+    import difflib
+
+    from zss import simple_distance
+
+    da, db = [ast.dump(s) for s in a], [ast.dump(s) for s in b]
+    total = 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, da, db, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        xa, xb = a[i1:i2], b[j1:j2]
+        if len(xa) == len(xb) == 1 and _same_header(xa[0], xb[0]):
+            total += _block_distance(xa[0].body, xb[0].body)
+            total += _block_distance(getattr(xa[0], "orelse", []), getattr(xb[0], "orelse", []))
+            continue
+        if not xa or not xb:
+            total += sum(_size(s) for s in xa + xb)
+            continue
+        total += simple_distance(_zss(xa), _zss(xb))
+    return total
+
+
+_HEADER_FIELDS = {ast.FunctionDef: ("name", "args", "decorator_list", "returns"),
+                  ast.For: ("target", "iter"), ast.While: ("test",), ast.If: ("test",),
+                  ast.With: ("items",)}
+
+
+def _same_header(x: ast.stmt, y: ast.stmt) -> bool:
+    fields = _HEADER_FIELDS.get(type(x))
+    if fields is None or type(x) is not type(y):
+        return False
+    return all(_dump_field(getattr(x, f)) == _dump_field(getattr(y, f)) for f in fields)
+
+
+def _dump_field(v) -> str:
+    if isinstance(v, list):
+        return "|".join(_dump_field(i) for i in v)
+    return ast.dump(v) if isinstance(v, ast.AST) else repr(v)
+
+
+def tree_distance(a: str, b: str) -> float:
+    """``d = TED(ast(a), ast(b)) / max(|a|, |b|)`` in [0, 1], docstrings ignored.
+
+    TED is the unit-cost Zhang-Shasha tree edit distance, computed piecewise over the
+    statements that differ (:func:`_block_distance`); ``|a|`` counts ast nodes. A program
+    that does not parse is at distance 1 from anything.
+    """
+    if a == b:
+        return 0.0
+    try:
+        ma, mb = _parse(a), _parse(b)
+    except (SyntaxError, ValueError):
+        return 1.0
+    size = max(_size(ma), _size(mb), 1)
+    return min(1.0, _block_distance(ma.body, mb.body) / size)
+
+
+def _tokens(code: str) -> list[str]:
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENCODING, tokenize.ENDMARKER}
+    try:
+        return [t.string for t in tokenize.generate_tokens(io.StringIO(code).readline)
+                if t.type not in skip]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return code.split()
+
+
+def token_distance(a: str, b: str) -> float:
+    """``d = Levenshtein(tokens(a), tokens(b)) / max(len_a, len_b)`` in [0, 1] (rapidfuzz)."""
+    from rapidfuzz.distance import Levenshtein
+
+    ta, tb = _tokens(a), _tokens(b)
+    return Levenshtein.normalized_distance(ta, tb)
+
+
+def r_precision(buggy: str, candidate: str, lam: float = 2.0,
+                distance: Literal["tree", "token"] = "tree") -> float:
+    """``r_precision = exp(-lambda * d(buggy, candidate))``: small, surgical edits score high.
+
+    Note the trap: the unchanged buggy code scores exactly 1. Gate it in reshaping.
+    """
+    d = tree_distance(buggy, candidate) if distance == "tree" else token_distance(buggy, candidate)
+    return math.exp(-lam * d)
+
+
+# ----------------------------------------------------------------------------- style
+
+
+@dataclass(frozen=True)
+class StyleReport:
+    violations: tuple[str, ...]  # ruff codes, plus "format" when black would reformat
+    score: float
+
+
+@functools.lru_cache(maxsize=8192)
+def _black_ok(code: str) -> bool:
+    import black
+
+    try:
+        return black.format_str(code, mode=black.Mode()) == code
+    except Exception:  # black's own parse errors: unformattable code is a style failure
+        return False
+
+
+def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> list[StyleReport]:
+    """Style reports for many programs with ONE ruff process (files in a temp dir).
+
+    ``r_style = exp(-alpha * v)``, v = number of ruff findings in ``config.style_rules``
+    (+1 when ``black`` would reformat). Code that does not parse scores 0.
+    """
+    cfg = config or FeedbackConfig()
+    found: dict[int, list[str]] = defaultdict(list)
+    parses = []
+    for code in codes:
+        try:
+            ast.parse(code)
+            parses.append(True)
+        except (SyntaxError, ValueError):
+            parses.append(False)
+    if any(parses):
+        with tempfile.TemporaryDirectory(prefix="labkit-style-") as tmp:
+            for i, code in enumerate(codes):
+                if parses[i]:
+                    Path(tmp, f"c{i}.py").write_text(code)
+            cmd = ["ruff", "check", "--no-cache", "--isolated", "--output-format", "json",
+                   "--select", ",".join(cfg.style_rules),
+                   "--config", f"lint.mccabe.max-complexity={cfg.style_max_complexity}", tmp]
+            proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120)
+            if proc.returncode not in (0, 1):
+                raise RuntimeError(f"ruff failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
+            for item in json.loads(proc.stdout or "[]"):
+                idx = int(Path(item["filename"]).stem[1:])
+                found[idx].append(item["code"] or "syntax")
+    out = []
+    for i, code in enumerate(codes):
+        if not parses[i]:
+            out.append(StyleReport(("syntax",), 0.0))
+            continue
+        v = sorted(found.get(i, []))
+        if cfg.style_check_format and not _black_ok(code):
+            v.append("format")
+        out.append(StyleReport(tuple(v), math.exp(-cfg.style_alpha * len(v))))
+    return out
+
+
+def _ruff_cmd(cmd: list[str]) -> list[str]:
+    """Run the ruff binary that belongs to this interpreter's environment."""
+    import shutil
+    import sys
+
+    exe = Path(sys.executable).with_name("ruff")
+    if exe.exists():
+        return [str(exe), *cmd[1:]]
+    found = shutil.which("ruff")
+    if found is None:
+        raise RuntimeError("ruff is not installed; run `make install` (it is a labkit dependency)")
+    return [found, *cmd[1:]]
+
+
+def r_style(code: str, config: FeedbackConfig | None = None) -> float:
+    """``r_style = exp(-alpha * violations)`` for one program (see :func:`style_many`)."""
+    return style_many([code], config)[0].score
+
+
+# ----------------------------------------------------------------------------- hacks
+
+
+def hack_flags(result: SandboxResult) -> tuple[str, ...]:
+    """The sandbox's flags that count as reward hacking (style-only flags removed)."""
+    return tuple(f for f in result.flags if f not in STYLE_ONLY_FLAGS)
+
+
+def r_hack(result: SandboxResult) -> float:
+    """``1`` if any hack flag was raised, else ``0`` (reshaping multiplies it by a penalty)."""
+    return 1.0 if hack_flags(result) else 0.0
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class ProgressTracker:
+    """Pays a one-off bonus when a bug kind the policy keeps failing is finally fixed.
+
+    For each bug kind k it counts failed attempts in a row, ``f_k``. An attempt on a task
+    with kinds K that passes earns ``r_progress = bonus`` if some ``k in K`` has
+    ``f_k >= patience`` (then ``f_k`` resets), else 0. A pass resets the counters of its
+    kinds; a failure increments them. State is a plain dict for checkpoints.
+    """
+
+    def __init__(self, patience: int = 3, bonus: float = 1.0):
+        self.patience = patience
+        self.bonus = bonus
+        self.fail_streak: dict[str, int] = defaultdict(int)
+        self.unlocked: dict[str, int] = defaultdict(int)  # times each kind paid a bonus
+
+    def update(self, bug_kinds: Iterable[str], passed: bool) -> float:
+        kinds = list(bug_kinds) or ["unknown"]
+        if not passed:
+            for k in kinds:
+                self.fail_streak[k] += 1
+            return 0.0
+        paid = 0.0
+        for k in kinds:
+            if self.fail_streak[k] >= self.patience:
+                paid = self.bonus
+                self.unlocked[k] += 1
+            self.fail_streak[k] = 0
+        return paid
+
+    def state_dict(self) -> dict:
+        return {"patience": self.patience, "bonus": self.bonus,
+                "fail_streak": dict(self.fail_streak), "unlocked": dict(self.unlocked)}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.patience = int(state["patience"])
+        self.bonus = float(state["bonus"])
+        self.fail_streak = defaultdict(int, state["fail_streak"])
+        self.unlocked = defaultdict(int, state["unlocked"])
+
+
+# ----------------------------------------------------------------------------- all together
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The named components for one candidate, with the sandbox result they came from."""
+
+    task_id: str
+    components: dict[str, float]
+    result: SandboxResult
+    style: StyleReport
+    hack_flags: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"task_id": self.task_id, "components": dict(self.components),
+                "result": self.result.to_dict(), "style_violations": list(self.style.violations),
+                "hack_flags": list(self.hack_flags)}
+
+
+def evaluate_many(
+    tasks: Sequence[RepairTask],
+    codes: Sequence[str],
+    *,
+    config: FeedbackConfig | None = None,
+    sandbox=None,
+    progress: ProgressTracker | None = None,
+) -> list[Feedback]:
+    """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat,
+    one ruff process for all, then the pure component functions.
+
+    ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
+    ``progress`` (optional) is updated in input order and pays ``r_progress``.
+    """
+    if len(tasks) != len(codes):
+        raise ValueError(f"evaluate_many: {len(tasks)} tasks but {len(codes)} candidates")
+    cfg = config or FeedbackConfig()
+    if sandbox is None:
+        from labkit.env.sandbox import default_sandbox
+
+        sandbox = default_sandbox()
+    cands = [Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
+             for t, c in zip(tasks, codes)]
+    runs = [sandbox.run_many(cands) for _ in range(cfg.repeats)]
+    styles = style_many(codes, cfg)
+    out = []
+    for i, (task, code) in enumerate(zip(tasks, codes)):
+        result = runs[0][i]
+        flags = hack_flags(result)
+        comps = {
+            "r_test": sum(r_test(run[i]) for run in runs) / len(runs),
+            "r_pass": r_pass(result),
+            "r_compile": r_compile(code, result),
+            "r_precision": r_precision(task.buggy_code, code, cfg.precision_lambda,
+                                       cfg.precision_distance),
+            "r_style": styles[i].score,
+            "r_progress": progress.update(task.bug_kinds, result.ok) if progress else 0.0,
+            "hack": 1.0 if flags else 0.0,
+            "noop": 1.0 if is_noop(task.buggy_code, code) else 0.0,
+        }
+        out.append(Feedback(task.task_id, comps, result, styles[i], flags))
+    return out

@@ -1,0 +1,266 @@
+"""Plain records that flow up the house: tasks, tests, candidates and sandbox results.
+
+Everything here is a frozen dataclass of plain Python values, so a learner can stop at
+any floor, print what came out, and write it to JSON (``to_dict`` / ``from_dict``).
+Test arguments and expected values may hold tuples, sets, floats such as ``nan``: they
+go through :mod:`labkit.env.plain`, a tagged JSON codec that keeps exact types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from labkit.env import plain
+
+
+class BugKind(str, enum.Enum):
+    """Bug families of HumanEvalFix (Muennighoff et al. 2023) plus the lab's extras."""
+
+    OPERATOR_MISUSE = "operator_misuse"
+    BOUNDARY = "boundary"  # off-by-one: range bounds, slice ends, < vs <=
+    VALUE_MISUSE = "value_misuse"
+    VARIABLE_MISUSE = "variable_misuse"
+    MISSING_LOGIC = "missing_logic"
+    EXCESS_LOGIC = "excess_logic"
+    FUNCTION_MISUSE = "function_misuse"
+    ARGUMENT_SWAP = "argument_swap"
+    WRONG_RETURN = "wrong_return"
+    SYNTAX = "syntax"  # opt-in family: missing colon, bad indentation
+
+
+class Split(str, enum.Enum):
+    TRAIN = "train"
+    VAL = "val"
+    TEST = "test"
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@dataclass(frozen=True)
+class IOCase:
+    """Call ``entry_point(*args)`` in the child; compare the returned value in the parent.
+
+    ``compare`` is ``eq`` (exact type and value), ``approx`` (``abs(got - expected) < tol``),
+    ``truthy`` or ``falsy`` (``assert candidate(...)`` / ``assert not candidate(...)``).
+    The expected value never enters the sandboxed child.
+    """
+
+    args: tuple
+    expected: Any = None
+    compare: str = "eq"
+    tol: float = 0.0
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "args": plain.encode(tuple(self.args)),
+            "expected": plain.encode(self.expected),
+            "compare": self.compare,
+            "tol": self.tol,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "IOCase":
+        return cls(
+            args=tuple(plain.decode(d["args"])),
+            expected=plain.decode(d["expected"]),
+            compare=d.get("compare", "eq"),
+            tol=float(d.get("tol", 0.0)),
+            name=d.get("name", ""),
+        )
+
+
+@dataclass(frozen=True)
+class AssertTest:
+    """Test source run inside the child with ``candidate`` bound to the entry point.
+
+    Weaker than an :class:`IOCase`: the verdict is produced by the untrusted process, so
+    results of such tests are reported as graded in the child.
+    """
+
+    source: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    """The tests of one task: parent-graded cases, child-graded asserts, and trusted setup
+    code (imports, helpers of the test module) run in the child before the asserts."""
+
+    __test__ = False  # not a pytest class
+
+    cases: tuple[IOCase, ...] = ()
+    asserts: tuple[AssertTest, ...] = ()
+    setup: str = ""
+
+    @property
+    def total(self) -> int:
+        return len(self.cases) + len(self.asserts)
+
+    def to_dict(self) -> dict:
+        return {
+            "cases": [c.to_dict() for c in self.cases],
+            "asserts": [asdict(a) for a in self.asserts],
+            "setup": self.setup,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "TestSuite":
+        return cls(
+            cases=tuple(IOCase.from_dict(c) for c in d.get("cases", ())),
+            asserts=tuple(AssertTest(**a) for a in d.get("asserts", ())),
+            setup=d.get("setup", ""),
+        )
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class BugSpan:
+    """One injected (or human-written) bug: its kind, the operator that made it and the
+    1-based, inclusive line span it occupies in the buggy code."""
+
+    kind: str
+    operator: str
+    start_line: int
+    end_line: int
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RepairTask:
+    """A buggy program to repair.
+
+    ``prompt`` is what the policy may see of the problem (signature + docstring);
+    ``buggy_code`` and ``reference_code`` are whole modules (helpers included);
+    ``reference_code`` is used only to validate the task and is never shown to a policy.
+    ``public_tests`` is the subset a multi-turn agent may run between turns; ``tests``
+    are the hidden tests that decide the reward.
+    """
+
+    task_id: str
+    problem_id: str
+    source: str
+    prompt: str
+    buggy_code: str
+    reference_code: str
+    tests: TestSuite
+    entry_point: str
+    bugs: tuple[BugSpan, ...] = ()
+    difficulty: int = 1
+    split: str = Split.TRAIN.value
+    public_tests: TestSuite = field(default_factory=TestSuite)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bug_kinds(self) -> tuple[str, ...]:
+        return tuple(sorted({b.kind for b in self.bugs}))
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("task_id", "problem_id", "source", "prompt",
+                                           "buggy_code", "reference_code", "entry_point",
+                                           "difficulty", "split")}
+        d["tests"] = self.tests.to_dict()
+        d["public_tests"] = self.public_tests.to_dict()
+        d["bugs"] = [asdict(b) for b in self.bugs]
+        d["meta"] = dict(self.meta)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RepairTask":
+        missing = [k for k in ("task_id", "prompt", "buggy_code", "reference_code",
+                               "tests", "entry_point") if k not in d]
+        if missing:
+            raise ValueError(
+                f"task {d.get('task_id', '<unknown>')!r}: missing field(s) {missing}; "
+                "a task record needs task_id, prompt, buggy_code, reference_code, tests, "
+                "entry_point")
+        return cls(
+            task_id=d["task_id"],
+            problem_id=d.get("problem_id", d["task_id"]),
+            source=d.get("source", "unknown"),
+            prompt=d["prompt"],
+            buggy_code=d["buggy_code"],
+            reference_code=d["reference_code"],
+            tests=TestSuite.from_dict(d["tests"]),
+            entry_point=d["entry_point"],
+            bugs=tuple(BugSpan(**b) for b in d.get("bugs", ())),
+            difficulty=int(d.get("difficulty", 1)),
+            split=d.get("split", Split.TRAIN.value),
+            public_tests=TestSuite.from_dict(d.get("public_tests", {})),
+            meta=dict(d.get("meta", {})),
+        )
+
+
+# ----------------------------------------------------------------------------- sandbox
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"  # every test collected and passed
+    FAILED = "failed"  # ran, at least one test failed
+    ERROR = "error"  # did not compile / load (syntax error, exception at import)
+    TIMEOUT = "timeout"  # the parent's wall-clock deadline was hit
+    CRASHED = "crashed"  # died by a signal or exited before reporting every test
+    KILLED = "killed"  # stopped for a resource limit (CPU, output, file size, memory)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One program to check: the code (a whole module) and the tests to run it against."""
+
+    code: str
+    tests: TestSuite
+    entry_point: str
+    timeout_s: float | None = None  # None: the sandbox config's default
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test's verdict. ``graded_in`` is ``parent`` (IOCase) or ``child`` (AssertTest)."""
+
+    __test__ = False
+
+    name: str
+    ok: bool
+    graded_in: str = "parent"
+    detail: str = ""  # e.g. "expected 3 (int), got 4 (int)" or the exception's last line
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    status: Status
+    passed: int
+    total: int
+    outcomes: tuple[TestOutcome, ...] = ()
+    stderr_tail: str = ""
+    wall_s: float = 0.0
+    flags: tuple[str, ...] = ()  # hack flags from the syntax-tree scan
+    protections: Mapping[str, bool] = field(default_factory=dict)
+    error: str = ""  # one line: why it did not pass, when it did not
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.PASSED
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status.value,
+            "passed": self.passed,
+            "total": self.total,
+            "outcomes": [asdict(o) for o in self.outcomes],
+            "stderr_tail": self.stderr_tail,
+            "wall_s": round(self.wall_s, 6),
+            "flags": list(self.flags),
+            "protections": dict(self.protections),
+            "error": self.error,
+        }

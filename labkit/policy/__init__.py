@@ -1,0 +1,1 @@
+"""Floor 2, the policy: loading, rollouts, counterfactual forking."""

@@ -1,0 +1,61 @@
+import re
+from dataclasses import dataclass, field
+
+import pytest
+
+from labkit.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from labkit.env.feedback import FeedbackConfig
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    mode: str = "a"
+
+
+@dataclass
+class Outer:
+    steps: int = 10
+    names: tuple[str, ...] = ("x",)
+    inner: Inner = field(default_factory=Inner)
+    flag: bool = False
+
+
+def test_roundtrip_and_overrides():
+    cfg = from_dict(Outer, {"steps": 5, "inner": {"lr": "0.1"}})
+    assert cfg.steps == 5 and cfg.inner.lr == 0.1
+    cfg2 = apply_overrides(cfg, ["inner.mode=b", "flag=true", "names=a,b"])
+    assert cfg2.inner.mode == "b" and cfg2.flag is True and cfg2.names == ("a", "b")
+    assert from_dict(Outer, to_dict(cfg2)) == cfg2
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"stepz": 1}, "unknown key(s) ['stepz']"),
+    ({"steps": "many"}, "steps: expected an integer"),
+    ({"steps": 1.5}, "steps: expected an integer"),
+    ({"inner": {"lr": "fast"}}, "inner.lr: expected a number"),
+    ({"flag": "maybe"}, "flag: expected true/false"),
+])
+def test_bad_values_name_the_key(data, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        from_dict(Outer, data)
+
+
+def test_bad_override():
+    with pytest.raises(ConfigError, match="unknown key 'inner.nope'"):
+        apply_overrides(Outer(), ["inner.nope=1"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        apply_overrides(Outer(), ["steps"])
+
+
+def test_validate_hook_and_yaml(tmp_path):
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        from_dict(FeedbackConfig, {"repeats": 0})
+    p = tmp_path / "c.yaml"
+    p.write_text("precision_lambda: 3\nprecision_distance: token\n")
+    cfg = load_yaml(FeedbackConfig, p, ["repeats=2"])
+    assert cfg.precision_lambda == 3.0 and cfg.precision_distance == "token" and cfg.repeats == 2
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_yaml(FeedbackConfig, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="is not one of"):
+        from_dict(FeedbackConfig, {"precision_distance": "graph"})

@@ -1,0 +1,105 @@
+"""Feedback components: golden numbers and a naive second implementation."""
+
+import math
+
+import pytest
+
+from labkit.env import feedback as fb
+from labkit.env.records import SandboxResult, Status
+
+BUGGY = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total + 1\n"
+FIXED = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
+
+
+def result(status=Status.FAILED, passed=2, total=4, flags=()):
+    return SandboxResult(status=status, passed=passed, total=total, flags=tuple(flags))
+
+
+def test_test_components_golden():
+    assert fb.r_test(result(passed=3, total=4)) == 0.75
+    assert fb.r_test(result(passed=0, total=0)) == 0.0
+    assert fb.r_pass(result(Status.PASSED, 4, 4)) == 1.0
+    assert fb.r_pass(result(Status.FAILED, 3, 4)) == 0.0
+
+
+def test_compile_component():
+    assert fb.r_compile(FIXED) == 1.0
+    assert fb.r_compile("def f(:\n  pass") == 0.0
+    assert fb.r_compile(FIXED, result(Status.ERROR, 0, 4)) == 0.0
+
+
+def _naive_ted(a, b):
+    """Full Zhang-Shasha over the whole trees (no piecewise alignment)."""
+    from zss import simple_distance
+
+    ma, mb = fb._parse(a), fb._parse(b)
+    return simple_distance(fb._zss(ma.body), fb._zss(mb.body))
+
+
+@pytest.mark.parametrize("a,b", [
+    (BUGGY, FIXED),
+    (FIXED, FIXED.replace("total += x", "total -= x")),
+    (FIXED, FIXED.replace("    return total\n", "    total = total * 2\n    return total\n")),
+    ("def g(a, b):\n    if a < b:\n        return a\n    return b\n",
+     "def g(a, b):\n    if a <= b:\n        return a\n    return b\n"),
+])
+def test_tree_distance_matches_full_zhang_shasha_on_local_edits(a, b):
+    size = max(fb._size(fb._parse(a)), fb._size(fb._parse(b)))
+    assert fb.tree_distance(a, b) == pytest.approx(_naive_ted(a, b) / size)
+
+
+def test_tree_distance_golden():
+    # BUGGY has 19 nodes: Module, FunctionDef, arguments, arg, Assign, Name, Constant, For,
+    # Name, Name, AugAssign, Name, Add, Name, Return, BinOp, Name, Add, Constant.
+    # `return total + 1` -> `return total`: delete the BinOp, its Add and the Constant 1.
+    assert fb._size(fb._parse(BUGGY)) == 19
+    assert fb.tree_distance(BUGGY, FIXED) == pytest.approx(3 / 19)
+    assert fb.tree_distance(BUGGY, BUGGY) == 0.0
+    assert fb.tree_distance(BUGGY, "def f(:") == 1.0
+
+
+def test_docstrings_and_comments_do_not_count():
+    doc = FIXED.replace("def f(xs):\n", 'def f(xs):\n    """Sum."""\n    # a comment\n')
+    assert fb.tree_distance(FIXED, doc) == 0.0
+    assert fb.is_noop(FIXED, doc)
+    assert not fb.is_noop(BUGGY, FIXED)
+
+
+def test_precision_golden():
+    assert fb.r_precision(BUGGY, BUGGY) == 1.0  # the trap: unchanged code scores highest
+    assert fb.r_precision(BUGGY, FIXED, lam=2.0) == pytest.approx(math.exp(-2.0 * 3 / 19))
+    tok = fb.token_distance(BUGGY, FIXED)  # tokens: drop "+" and "1" out of the buggy's 20
+    assert tok == pytest.approx(2 / len(fb._tokens(BUGGY)))
+    assert fb.r_precision(BUGGY, FIXED, lam=1.0, distance="token") == pytest.approx(math.exp(-tok))
+
+
+def test_style_counts_ruff_findings_and_formatting():
+    clean = "def f(x):\n    return x + 1\n"
+    messy = "import os\n\n\ndef f(x):\n    try:\n        return x+1\n    except:\n        return 0\n"
+    reps = fb.style_many([clean, messy, "def f(:"])
+    assert reps[0].violations == () and reps[0].score == 1.0
+    assert set(reps[1].violations) == {"E722", "F401", "format"}
+    assert reps[1].score == pytest.approx(math.exp(-0.5 * 3))
+    assert reps[2].score == 0.0
+    assert fb.r_style(clean) == 1.0
+
+
+def test_hack_flags_drop_style_only_flags():
+    r = result(flags=("bare_except", "sys_exit"))
+    assert fb.hack_flags(r) == ("sys_exit",)
+    assert fb.r_hack(r) == 1.0
+    assert fb.r_hack(result(flags=("bare_except",))) == 0.0
+
+
+def test_progress_tracker_pays_once_after_patience():
+    tr = fb.ProgressTracker(patience=2, bonus=0.5)
+    assert tr.update(["boundary"], False) == 0.0
+    assert tr.update(["boundary"], True) == 0.0  # only one failure before: no bonus
+    assert tr.update(["boundary"], False) == 0.0
+    assert tr.update(["boundary"], False) == 0.0
+    assert tr.update(["boundary", "value_misuse"], True) == 0.5  # kept failing, now fixed
+    assert tr.update(["boundary"], True) == 0.0  # one-off
+    state = tr.state_dict()
+    tr2 = fb.ProgressTracker()
+    tr2.load_state_dict(state)
+    assert tr2.state_dict() == state

@@ -1,0 +1,41 @@
+"""The house's floors: each imports only the floors below it; the env floor has no torch."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = ["env", "policy", "credit", "loops"]  # bottom to top; widgets sit above loops
+
+
+def _imports(path: Path) -> set[str]:
+    mods = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.add(node.module)
+    return mods
+
+
+def test_floors_import_only_floors_below():
+    bad = []
+    for i, floor in enumerate(FLOORS):
+        above = {f"labkit.{f}" for f in FLOORS[i + 1:]} | {"widgets"}
+        for py in (ROOT / "labkit" / floor).rglob("*.py"):
+            for m in _imports(py):
+                if any(m == a or m.startswith(a + ".") for a in above):
+                    bad.append(f"{py.relative_to(ROOT)} imports {m}")
+    for py in (ROOT / "labkit").rglob("*.py"):
+        if any(m == "widgets" or m.startswith("widgets.") for m in _imports(py)):
+            bad.append(f"{py.relative_to(ROOT)} imports widgets")
+    assert not bad, "\n".join(bad)
+
+
+def test_env_floor_never_imports_torch():
+    for py in (ROOT / "labkit" / "env").rglob("*.py"):
+        assert not any(m.split(".")[0] in {"torch", "transformers", "peft"} for m in _imports(py)), py
+    code = ("import sys, labkit.env.tasks, labkit.env.bugs, labkit.env.sandbox, labkit.env.feedback;"
+            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

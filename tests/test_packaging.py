@@ -1,0 +1,23 @@
+"""environment.yml mirrors pyproject.toml's pins, and nothing admits a CUDA torch."""
+
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_environment_yml_mirrors_pyproject():
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = set(proj["dependencies"]) | set(proj["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    mirrored = {p for p in pip if not p.startswith("-")}
+    assert mirrored == pins, (sorted(pins - mirrored), sorted(mirrored - pins))
+
+
+def test_torch_is_pinned_to_the_cpu_build():
+    assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch==2.13.0" in proj["dependencies"]

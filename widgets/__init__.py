@@ -1,0 +1,1 @@
+"""ipywidgets views over labkit run folders and records."""
