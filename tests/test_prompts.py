@@ -1,0 +1,25 @@
+from labkit.env.records import RepairTask, TestSuite
+from labkit.policy.prompts import build_prompt, extract_code, plain_prompt
+
+TASK = RepairTask(task_id="t", problem_id="p", source="s", prompt="", entry_point="f",
+                  buggy_code="def f(x):\n    return x - 1\n",
+                  reference_code="def f(x):\n    return x + 1\n", tests=TestSuite())
+FIX = "def f(x):\n    return x + 1\n"
+
+
+def test_plain_prompt_layout():
+    p = plain_prompt(TASK)
+    assert p == ("### Fix the bug in this Python function.\n### Buggy\n"
+                 "def f(x):\n    return x - 1\n### Fixed\n")
+    assert "### Feedback\nfailed: f(1)\n" in plain_prompt(TASK, "failed: f(1)")
+    assert build_prompt(TASK) == p  # no tokenizer -> plain
+
+
+def test_extract_plain_and_fenced():
+    assert extract_code(FIX) == FIX
+    assert extract_code(FIX + "### Buggy\nblah") == FIX
+    assert extract_code("Here you go:\n```python\n" + FIX + "```\nHope it helps") == FIX
+    assert extract_code("```py\n" + FIX) == FIX  # unclosed fence
+    assert extract_code(FIX + "\nThis fixes the off-by-one.\n") == FIX  # trailing chatter
+    assert extract_code("") == ""
+    assert extract_code("def f(:\n") == "def f(:\n"  # nothing parses: keep it for the sandbox
