@@ -5,19 +5,14 @@ import json
 import pytest
 import torch
 
-from labkit.policy import tiny
 from labkit.policy.loading import PolicyLoadError, load_policy
 
-CODE = ["def f(x):\n    return x + 1\n", "def g(xs):\n    return [x * 2 for x in xs]\n"] * 50
+CODE = ["def f(x):\n    return x + 1\n"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    tok = tiny.train_tokenizer(CODE, vocab_size=300)
-    model = tiny.init_model(tok, tiny.TinyModelConfig(hidden_size=32, intermediate_size=64,
-                                                      num_hidden_layers=2, num_attention_heads=2,
-                                                      num_key_value_heads=2))
-    return tiny.save(model, tok, tmp_path_factory.mktemp("m") / "tiny")
+@pytest.fixture
+def model_dir(random_model_dir):
+    return random_model_dir
 
 
 def test_full_finetune_has_frozen_reference(model_dir):

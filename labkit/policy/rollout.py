@@ -1,0 +1,229 @@
+"""Batched sampling of repair attempts, and the training-forward log-prob path.
+
+:func:`sample` draws G completions for each task in one batched ``generate`` call (KV
+cache on) and returns :class:`Rollout` records with everything later floors need: token
+ids, the sampling log-probs ``log softmax(z / T)`` of the chosen tokens, the completion
+mask, the text, the extracted program, and each token's character span in the completion
+so that code spans (diff hunks, anchors) map onto tokens exactly.
+
+:func:`sequence_logprobs` recomputes the same log-probs with one teacher-forced forward
+pass (what the policy-gradient update differentiates); a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from labkit.env.records import RepairTask
+from labkit.policy.prompts import build_prompt, extract_code
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are sampled."""
+
+    group_size: int = 8
+    """G: completions per task (the GRPO group)."""
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    batch_size: int = 64
+    """Sequences per ``generate`` call (tasks x G are chunked to fit)."""
+    stop_strings: tuple[str, ...] = ("\n###",)
+    """Extra stop strings besides EOS (the plain prompt format's next section marker)."""
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("temperature must be > 0 (use a tiny value for near-greedy)")
+
+
+@dataclass
+class Rollout:
+    """One sampled completion for one task (a plain record; ``to_dict`` for JSONL)."""
+
+    task_id: str
+    sample: int
+    prompt: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    completion: str
+    code: str
+    code_start: int
+    """Character offset of ``code`` inside ``completion`` (-1 when not a substring)."""
+    offsets: list[tuple[int, int]]
+    """``offsets[i]`` = (start, end) characters of completion token i in ``completion``."""
+    finished: bool
+    """True when the completion ended with EOS or a stop string (not cut by max_new_tokens)."""
+    temperature: float = 1.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["offsets"] = [list(o) for o in self.offsets]
+        return d
+
+    def tokens_in_span(self, start: int, end: int) -> list[int]:
+        """Indices of completion tokens overlapping characters ``[start, end)`` of the completion."""
+        return [i for i, (a, b) in enumerate(self.offsets) if a < end and b > start and b > a]
+
+
+# ----------------------------------------------------------------------------- offsets
+
+
+def token_offsets(tokenizer, ids: Sequence[int], text: str | None = None) -> list[tuple[int, int]]:
+    """Character span of each token of ``ids`` in ``decode(ids)``.
+
+    Uses the fast tokenizer's offset mapping when re-encoding the text gives back exactly
+    ``ids`` (the usual case); otherwise falls back to decoding every prefix (exact by
+    construction, one batched Rust call).
+    """
+    ids = list(ids)
+    if text is None:
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if enc["input_ids"] == ids:
+        return [tuple(o) for o in enc["offset_mapping"]]
+    prefixes = tokenizer.batch_decode([ids[: i + 1] for i in range(len(ids))],
+                                      skip_special_tokens=False)
+    ends = [len(p) for p in prefixes]
+    starts = [0] + ends[:-1]
+    return [(s, max(s, e)) for s, e in zip(starts, ends)]
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def _strip_completion(tokenizer, row: torch.Tensor, pad_id: int, eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Completion ids up to and including the first EOS (pads dropped)."""
+    out, finished = [], False
+    for t in row.tolist():
+        if t in eos_ids:
+            out.append(t)
+            finished = True
+            break
+        if t == pad_id and pad_id not in eos_ids:
+            break
+        out.append(t)
+    return out, finished
+
+
+@torch.no_grad()
+def sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
+           feedback: Sequence[str | None] | None = None, progress: bool = False) -> list[Rollout]:
+    """G completions per task; results grouped task by task (``tasks[i]``'s samples are
+    ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``."""
+    cfg = config or SamplingConfig()
+    cfg.validate()
+    model, tok = policy.model, policy.tokenizer
+    prompts = [build_prompt(t, tok, feedback[i] if feedback else None) for i, t in enumerate(tasks)]
+    jobs = [(i, g) for i in range(len(tasks)) for g in range(cfg.group_size)]
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tok.eos_token_id}
+    pad_id = tok.pad_token_id
+    was_training = model.training
+    model.eval()
+    torch.manual_seed(cfg.seed)
+    out: list[Rollout] = []
+    chunks = range(0, len(jobs), cfg.batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc="sampling", unit="batch")
+    for c0 in chunks:
+        chunk = jobs[c0:c0 + cfg.batch_size]
+        enc = tok([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True,
+                  add_special_tokens=False).to(policy.device)
+        gen = model.generate(
+            **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
+            stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
+            output_logits=True, return_dict_in_generate=True)
+        new = gen.sequences[:, enc.input_ids.shape[1]:]  # [b, T]
+        logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
+        logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
+        for row, (i, g) in enumerate(chunk):
+            ids, finished = _strip_completion(tok, new[row], pad_id, eos_ids)
+            text = tok.decode(ids, skip_special_tokens=True)
+            stopped = any(text.endswith(s) or s in text for s in cfg.stop_strings)
+            offsets = token_offsets(tok, ids) if ids else []
+            code = extract_code(text)
+            p_ids = enc.input_ids[row][enc.attention_mask[row].bool()].tolist()
+            out.append(Rollout(
+                task_id=tasks[i].task_id, sample=g, prompt=prompts[i], prompt_ids=p_ids,
+                completion_ids=ids, logprobs=chosen[row, :len(ids)].tolist(), completion=text,
+                code=code, code_start=text.find(code.rstrip("\n")) if code else -1,
+                offsets=offsets, finished=finished or stopped, temperature=cfg.temperature))
+    model.train(was_training)
+    return out
+
+
+# ----------------------------------------------------------------------------- training forward
+
+
+def collate(rollouts: Sequence[Rollout], pad_id: int, device=None) -> dict[str, torch.Tensor]:
+    """Left-padded prompts + right-padded completions, the layout ``generate`` used.
+
+    Returns ``input_ids``/``attention_mask`` ``[B, P+T]``, ``position_ids`` (cumulative mask,
+    as in generation), ``completion_mask`` ``[B, T]`` and ``prompt_len`` P.
+    """
+    P = max(len(r.prompt_ids) for r in rollouts)
+    T = max(max(len(r.completion_ids) for r in rollouts), 1)
+    B = len(rollouts)
+    ids = torch.full((B, P + T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + T), dtype=torch.long)
+    cmask = torch.zeros((B, T), dtype=torch.float32)
+    for b, r in enumerate(rollouts):
+        p, c = r.prompt_ids, r.completion_ids
+        ids[b, P - len(p):P] = torch.tensor(p)
+        attn[b, P - len(p):P] = 1
+        if c:
+            ids[b, P:P + len(c)] = torch.tensor(c)
+            attn[b, P:P + len(c)] = 1
+            cmask[b, :len(c)] = 1.0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    batch = {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "completion_mask": cmask}
+    if device is not None:
+        batch = {k: v.to(device) for k, v in batch.items()}
+    batch["prompt_len"] = P
+    return batch
+
+
+def sequence_logprobs(model, batch: dict, temperature: float = 1.0,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token ``log softmax(z / T)`` of the completion tokens, ``[B, T]`` (and entropy).
+
+    One teacher-forced forward over prompt + completion; logits at position ``P + t - 1``
+    predict completion token ``t``.
+    """
+    P = batch["prompt_len"]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False)
+    logits = out.logits[:, P - 1:-1, :].float() / temperature  # [B, T, V]
+    targets = batch["input_ids"][:, P:]  # [B, T]
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    ent = None
+    if with_entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
+    return logp * batch["completion_mask"], ent
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): ``1 - C(n-c, k) / C(n, k)``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
