@@ -100,6 +100,57 @@ def cmd_sandbox_run(args) -> int:
     return 0 if result.ok else 1
 
 
+# ----------------------------------------------------------------------------- policy
+
+
+def cmd_pretrain_tiny(args) -> int:
+    from labkit.config import ConfigError, apply_overrides
+    from labkit.policy.pretrain import PretrainConfig, pretrain_tiny
+
+    try:
+        cfg = apply_overrides(PretrainConfig(), args.set)
+    except (ConfigError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    manifest = pretrain_tiny(cfg, argv=sys.argv[2:])
+    q = manifest["quality"]
+    _emit({"out": cfg.out, "parameters": manifest["model"]["parameters"],
+           "sft_s": manifest["timings_s"]["sft_s"],
+           "synthetic_pass_at_1": q["synthetic_test"]["pass_at_1"],
+           "synthetic_pass_at_8": q["synthetic_test"].get("pass_at_8"),
+           "humaneval_pass_at_1": q["humaneval_test"]["pass_at_1"]})
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from labkit.env.sandbox import Sandbox
+    from labkit.policy.evaluate import EvalConfig, evaluate
+    from labkit.policy.loading import PolicyLoadError, load_policy
+
+    try:
+        policy = load_policy(args.policy, reference="none")
+    except PolicyLoadError as e:
+        raise CLIError(str(e)) from None
+    tasks = _load(args)
+    if not tasks:
+        raise CLIError(f"no {args.source} tasks in split {args.split!r}")
+    cfg = EvalConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    with Sandbox() as sb:
+        rep = evaluate(policy, tasks, cfg, sandbox=sb, progress=True)
+    import pandas as pd
+
+    table = pd.DataFrame(rep["per_task"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "eval_per_task.csv", index=False)
+    print(f"{rep['tasks']} tasks, {cfg.k} samples each at T={cfg.temperature}")
+    print(pd.Series(rep["by_bug_kinds"], name="pass@1 by bug kind").to_string())
+    summary = {k: v for k, v in rep.items() if k != "per_task"}
+    (out / "eval_summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"per-task table: {out / 'eval_per_task.csv'}")
+    _emit(summary)
+    return 0
+
+
 # ----------------------------------------------------------------------------- lab
 
 
@@ -139,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--task", required=True, help="task id, e.g. humaneval/HumanEval-0/bug0")
     r.add_argument("--code", required=True, help="file holding the candidate program")
     r.set_defaults(func=cmd_sandbox_run)
+
+    pt = sub.add_parser("pretrain-tiny", help="train the embedded tiny model from scratch")
+    pt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override PretrainConfig fields, e.g. --set sft.time_budget_s=60")
+    pt.set_defaults(func=cmd_pretrain_tiny)
+
+    ev = sub.add_parser("eval", help="held-out pass@k of a policy")
+    ev.add_argument("--policy", default="tiny", help="'tiny' or a local HF model folder")
+    task_args(ev, split_default="test")
+    ev.add_argument("--k", type=int, default=8)
+    ev.add_argument("--temperature", type=float, default=0.7)
+    ev.add_argument("--max-new-tokens", type=int, default=320)
+    ev.add_argument("--out", default="runs/eval")
+    ev.set_defaults(func=cmd_eval)
 
     lab = sub.add_parser("lab", help="the lab's main job on the embedded default")
     lab.add_argument("--n", type=int, default=24, help="tasks in the demo")
