@@ -1,0 +1,294 @@
+"""Reward reshaping for GRPO under weak feedback (the recipe of seed 002; see
+``shared/notes/methods.md`` section 2 for how it relates to arXiv 2605.07276).
+
+Three stages, each a pure function, composed by :class:`Reshaper` from one
+:class:`ReshapeConfig` (which a notebook slider or a papermill parameter can set):
+
+1. **composite reward** from the feedback components,
+   ``R = w_test * r_test + w_precision * g * r_precision + w_style * r_style
+   + w_progress * r_progress - w_hack * hack`` with ``g`` the precision gate (below),
+   and weights that may follow a schedule over training steps;
+2. **pre-processing**: averaging repeated evaluations (done in the feedback floor),
+   batch normalisation that falls back to running (global) statistics during a warm-up
+   or while the batch std is tiny, an EMA reward baseline;
+3. **advantage transforms** after the estimator: clipping (default ``[-5, 5]``),
+   non-linear amplification, and a focus threshold that damps small advantages.
+
+The precision gate answers the copying trap: ``exp(-lambda * d)`` is largest for the
+unchanged buggy code, so it is paid only for a real edit (``noop = 0``), and, with
+``gate_precision = "improved"``, only when the tests improve over the buggy code.
+
+All running state (statistics, EMA, step) is in :meth:`Reshaper.state_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Sequence
+
+import torch
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class WeightSchedule:
+    """``w(step)``: constant, or linear from ``start`` to ``end`` over ``[begin, finish]`` steps."""
+
+    start: float = 0.0
+    end: float = 0.0
+    begin: int = 0
+    finish: int = 0
+
+    def at(self, step: int) -> float:
+        if self.finish <= self.begin:
+            return self.end
+        frac = min(1.0, max(0.0, (step - self.begin) / (self.finish - self.begin)))
+        return self.start + frac * (self.end - self.start)
+
+
+@dataclass
+class ReshapeConfig:
+    """The reshaping recipe. Defaults: the blog's recipe with the precision gate on.
+
+    ``raw()`` gives plain GRPO's reward (tests passed only, nothing else).
+    """
+
+    w_test: float = 1.0
+    w_precision: float = 0.2
+    w_style: float = 0.1
+    w_progress: float = 0.05
+    w_hack: float = 1.0
+    """Penalty weight for a flagged reward hack."""
+    test_reward: Literal["fraction", "binary"] = "fraction"
+    """``fraction``: ``r_test = passed/total``; ``binary``: ``r_pass``."""
+    gate_precision: Literal["none", "edit", "improved"] = "improved"
+    """``none``: pay precision always (the trap); ``edit``: only for a real edit;
+    ``improved``: only for an edit that passes more tests than the buggy code."""
+    style_schedule: WeightSchedule | None = None
+    """When set, ``w_style`` follows this schedule (e.g. rising over training)."""
+    normalise: Literal["none", "batch", "running"] = "none"
+    """Reward normalisation before the estimator. ``batch`` uses the batch mean/std, but
+    falls back to running statistics during ``warmup_steps`` or while the batch std is
+    below ``min_batch_std``; ``running`` always uses the running statistics."""
+    warmup_steps: int = 10
+    min_batch_std: float = 1e-3
+    running_momentum: float = 0.99
+    ema_baseline: float = 0.0
+    """If > 0, subtract an EMA of the mean reward with this beta (0 = off)."""
+    adv_clip: float = 5.0
+    """Clip advantages to ``[-adv_clip, adv_clip]`` (0 = off)."""
+    amplify: Literal["none", "signed_power", "piecewise"] = "none"
+    amplify_power: float = 0.5
+    """``signed_power``: ``A <- sign(A) |A|^p`` (p < 1 amplifies small advantages)."""
+    amplify_scale: float = 2.0
+    """``piecewise``: ``A <- A * scale`` where ``|A| > 1``, unchanged elsewhere."""
+    focus_threshold: float = 0.0
+    """Damp samples with ``|A| < threshold`` by ``focus_damping`` (0 = off)."""
+    focus_damping: float = 0.1
+
+    @classmethod
+    def raw(cls) -> "ReshapeConfig":
+        """Plain GRPO: reward = fraction of tests passed, no extra terms or transforms."""
+        return cls(w_precision=0.0, w_style=0.0, w_progress=0.0, w_hack=0.0,
+                   gate_precision="none", adv_clip=0.0)
+
+    def validate(self) -> None:
+        if self.adv_clip < 0 or self.focus_threshold < 0:
+            raise ValueError("adv_clip and focus_threshold must be >= 0")
+        if not 0 <= self.ema_baseline < 1 or not 0 < self.running_momentum < 1:
+            raise ValueError("ema_baseline must be in [0, 1) and running_momentum in (0, 1)")
+
+
+# ----------------------------------------------------------------------------- stage 1
+
+
+def precision_gate(components: Mapping[str, float], buggy_r_test: float | None,
+                   mode: str) -> float:
+    """``g`` in {0, 1}: whether ``r_precision`` is paid (see :class:`ReshapeConfig`)."""
+    if mode == "none":
+        return 1.0
+    if components.get("noop", 0.0) >= 1.0:
+        return 0.0
+    if mode == "edit":
+        return 1.0
+    if mode == "improved":
+        base = buggy_r_test if buggy_r_test is not None else 0.0
+        return 1.0 if components["r_test"] > base + 1e-12 else 0.0
+    raise ValueError(f"unknown gate_precision {mode!r}")
+
+
+def composite_reward(components: Mapping[str, float], cfg: ReshapeConfig, step: int = 0,
+                     buggy_r_test: float | None = None) -> tuple[float, dict[str, float]]:
+    """``R = w_test r_t + w_p g r_p + w_s(step) r_s + w_g r_g - w_h hack`` and its terms.
+
+    ``r_t`` is ``r_test`` or ``r_pass`` (``cfg.test_reward``); ``g`` the precision gate.
+    """
+    r_t = components["r_test"] if cfg.test_reward == "fraction" else components["r_pass"]
+    w_style = cfg.style_schedule.at(step) if cfg.style_schedule else cfg.w_style
+    g = precision_gate(components, buggy_r_test, cfg.gate_precision)
+    terms = {
+        "test": cfg.w_test * r_t,
+        "precision": cfg.w_precision * g * components.get("r_precision", 0.0),
+        "style": w_style * components.get("r_style", 0.0),
+        "progress": cfg.w_progress * components.get("r_progress", 0.0),
+        "hack": -cfg.w_hack * components.get("hack", 0.0),
+    }
+    return sum(terms.values()), terms
+
+
+# ----------------------------------------------------------------------------- stage 3
+
+
+def clip_advantages(adv: torch.Tensor, bound: float) -> torch.Tensor:
+    """``A <- clip(A, -bound, bound)`` (identity for bound 0)."""
+    return adv.clamp(-bound, bound) if bound > 0 else adv
+
+
+def amplify(adv: torch.Tensor, mode: str, power: float = 0.5, scale: float = 2.0) -> torch.Tensor:
+    """Non-linear amplification: ``signed_power``: ``sign(A) |A|^p``; ``piecewise``:
+    ``A * scale`` where ``|A| > 1``; ``none``: identity."""
+    if mode == "none":
+        return adv
+    if mode == "signed_power":
+        return torch.sign(adv) * adv.abs().pow(power)
+    if mode == "piecewise":
+        return torch.where(adv.abs() > 1, adv * scale, adv)
+    raise ValueError(f"unknown amplification {mode!r}; choose none, signed_power, piecewise")
+
+
+def focus(adv: torch.Tensor, threshold: float, damping: float) -> torch.Tensor:
+    """Focus threshold: ``A <- A * damping`` where ``|A| < threshold`` (identity for 0)."""
+    if threshold <= 0:
+        return adv
+    return torch.where(adv.abs() < threshold, adv * damping, adv)
+
+
+def transform_advantages(adv: torch.Tensor, cfg: ReshapeConfig) -> torch.Tensor:
+    """Amplify, then focus, then clip: the order keeps the clip the final guarantee."""
+    adv = amplify(adv, cfg.amplify, cfg.amplify_power, cfg.amplify_scale)
+    adv = focus(adv, cfg.focus_threshold, cfg.focus_damping)
+    return clip_advantages(adv, cfg.adv_clip)
+
+
+# ----------------------------------------------------------------------------- stage 2 (stateful)
+
+
+class Reshaper:
+    """Applies a :class:`ReshapeConfig` batch after batch, keeping running statistics."""
+
+    def __init__(self, cfg: ReshapeConfig):
+        self.cfg = cfg
+        self.step = 0
+        self.run_mean = 0.0
+        self.run_var = 1.0
+        self.seen = 0
+        self.var_seen = 0
+        self.ema = None
+
+    def rewards(self, components: Sequence[Mapping[str, float]],
+                buggy_r_test: Sequence[float | None] | None = None) -> tuple[torch.Tensor, list[dict]]:
+        """Composite rewards ``[B]`` for a batch (and their terms, for inspection)."""
+        out, terms = [], []
+        for i, c in enumerate(components):
+            r, t = composite_reward(c, self.cfg, self.step,
+                                    buggy_r_test[i] if buggy_r_test is not None else None)
+            out.append(r)
+            terms.append(t)
+        return torch.tensor(out, dtype=torch.float64), terms
+
+    def normalise(self, r: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Normalise ``r`` (see ``ReshapeConfig.normalise``), subtract the EMA baseline,
+        update the running statistics; returns the rewards and what was used."""
+        cfg = self.cfg
+        mean, std = r.mean().item(), (r.std().item() if r.numel() > 1 else 0.0)
+        used = "none"
+        if cfg.normalise != "none":
+            warm = self.step < cfg.warmup_steps or std < cfg.min_batch_std
+            if cfg.normalise == "running" or (warm and self.seen > 0):
+                used = "running"
+                r = (r - self.run_mean) / (math.sqrt(self.run_var) + 1e-6)
+            elif cfg.normalise == "batch" and std >= cfg.min_batch_std:
+                used = "batch"
+                r = (r - mean) / (std + 1e-6)
+            else:
+                used = "skipped"  # first batch with no spread: nothing to normalise with
+        if cfg.ema_baseline > 0:
+            base = self.ema if self.ema is not None else mean
+            r = r - base
+            self.ema = cfg.ema_baseline * base + (1 - cfg.ema_baseline) * mean
+        # Running statistics: the mean from every batch, the variance only from batches
+        # with spread (a batch of equal rewards says nothing about the scale; the
+        # variance starts at 1, so until then normalising only centres).
+        m = cfg.running_momentum if self.seen else 0.0
+        self.run_mean = m * self.run_mean + (1 - m) * mean
+        if std >= cfg.min_batch_std:
+            mv = cfg.running_momentum if self.var_seen else 0.0
+            self.run_var = mv * self.run_var + (1 - mv) * std ** 2
+            self.var_seen += 1
+        self.seen += 1
+        return r, {"reshape/norm": used, "reshape/batch_mean": mean, "reshape/batch_std": std,
+                   "reshape/running_mean": self.run_mean}
+
+    def advance(self) -> None:
+        self.step += 1
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "run_mean": self.run_mean, "run_var": self.run_var,
+                "seen": self.seen, "var_seen": self.var_seen, "ema": self.ema}
+
+    def load_state_dict(self, s: Mapping) -> None:
+        self.step, self.run_mean, self.run_var = int(s["step"]), float(s["run_mean"]), float(s["run_var"])
+        self.seen, self.var_seen, self.ema = int(s["seen"]), int(s["var_seen"]), s["ema"]
+
+
+# ----------------------------------------------------------------------------- curriculum
+
+
+@dataclass
+class CurriculumSampler:
+    """Samples tasks by bucket (bug kind or difficulty), weighting buckets by how
+    learnable they look now: ``w_k = eps + s_k (1 - s_k)``, ``s_k`` the EMA success rate
+    of bucket k (buckets that are always or never solved give little signal to GRPO).
+    ``order`` (optional) unlocks buckets easy to hard once the previous ones reach
+    ``unlock_at`` success."""
+
+    beta: float = 0.9
+    eps: float = 0.05
+    order: tuple[str, ...] = ()
+    unlock_at: float = 0.3
+    success: dict = field(default_factory=dict)
+
+    def weights(self, buckets: Sequence[str]) -> dict[str, float]:
+        open_ = set(buckets)
+        if self.order:
+            open_ = set()
+            for b in self.order:
+                open_.add(b)
+                if self.success.get(b, 0.5) < self.unlock_at:
+                    break
+            open_ |= {b for b in buckets if b not in self.order}
+        return {b: (self.eps + self.success.get(b, 0.5) * (1 - self.success.get(b, 0.5)))
+                if b in open_ else 0.0 for b in buckets}
+
+    def sample(self, tasks: Sequence, key, n: int, rng: random.Random) -> list:
+        """``n`` tasks, bucket by weight then a uniform task inside the bucket."""
+        by: dict[str, list] = {}
+        for t in tasks:
+            by.setdefault(key(t), []).append(t)
+        w = self.weights(sorted(by))
+        names = [b for b in sorted(by) if w[b] > 0]
+        picks = rng.choices(names, weights=[w[b] for b in names], k=n)
+        return [rng.choice(by[b]) for b in picks]
+
+    def update(self, bucket: str, success: float) -> None:
+        old = self.success.get(bucket, 0.5)
+        self.success[bucket] = self.beta * old + (1 - self.beta) * success
+
+    def state_dict(self) -> dict:
+        return {"success": dict(self.success)}
+
+    def load_state_dict(self, s: Mapping) -> None:
+        self.success = dict(s["success"])
