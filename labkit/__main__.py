@@ -151,6 +151,42 @@ def cmd_eval(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- train
+
+
+def cmd_train(args) -> int:
+    from labkit.config import ConfigError, apply_overrides, load_yaml
+    from labkit.loops.trainer import CheckpointError, TrainConfig, train_from_config
+
+    try:
+        if args.resume:
+            run_dir = Path(args.resume)
+            if not (run_dir / "config.json").is_file():
+                raise CLIError(f"--resume {args.resume!r}: not a run folder (no config.json)")
+            from labkit.config import from_dict
+
+            cfg = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
+            cfg = apply_overrides(cfg, args.set)
+            cfg.run_dir = str(run_dir)
+        elif args.config:
+            cfg = load_yaml(TrainConfig, args.config, args.set)
+        else:
+            cfg = apply_overrides(TrainConfig(), args.set)
+    except (ConfigError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    try:
+        trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet)
+    except CheckpointError as e:
+        raise CLIError(str(e)) from None
+    rows = trainer.run.read("metrics.jsonl")
+    evals = trainer.run.read("eval.jsonl")
+    _emit({"run_dir": cfg.run_dir, "steps": trainer.step,
+           "reward_mean_last": rows[-1]["reward/mean"] if rows else None,
+           "eval_pass_at_1_first": evals[0]["eval/pass_at_1"] if evals else None,
+           "eval_pass_at_1_last": evals[-1]["eval/pass_at_1"] if evals else None})
+    return 0
+
+
 # ----------------------------------------------------------------------------- lab
 
 
@@ -204,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=320)
     ev.add_argument("--out", default="runs/eval")
     ev.set_defaults(func=cmd_eval)
+
+    tr = sub.add_parser("train", help="RL training (GRPO and friends) from a config")
+    tr.add_argument("--config", help="YAML file with TrainConfig fields")
+    tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field, e.g. --set loss.kl_coef=0.01 --set steps=50")
+    tr.add_argument("--resume", metavar="RUN_DIR", help="resume a run from its last checkpoint")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(func=cmd_train)
 
     lab = sub.add_parser("lab", help="the lab's main job on the embedded default")
     lab.add_argument("--n", type=int, default=24, help="tasks in the demo")

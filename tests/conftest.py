@@ -19,3 +19,44 @@ def random_model_dir(tmp_path_factory):
                                                       num_hidden_layers=2, num_attention_heads=2,
                                                       num_key_value_heads=2))
     return tiny.save(model, tok, tmp_path_factory.mktemp("m") / "tiny")
+
+
+def toy_tasks():
+    """Four one-line repair tasks with parent-graded tests."""
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+
+    specs = [("inc", "x + 1", "x - 1", lambda x: x + 1), ("dbl", "x * 2", "x * 3", lambda x: x * 2),
+             ("neg", "-x", "x", lambda x: -x), ("sq", "x * x", "x + x", lambda x: x * x)]
+    tasks = []
+    for name, good, bad, fn in specs:
+        suite = TestSuite(cases=tuple(IOCase(args=(v,), expected=fn(v), name=f"case_{i}")
+                                      for i, v in enumerate((0, 1, 3, -2))))
+        tasks.append(RepairTask(
+            task_id=f"toy/{name}/bug0", problem_id=f"toy/{name}", source="toy", prompt="",
+            buggy_code=f"def {name}(x):\n    return {bad}\n",
+            reference_code=f"def {name}(x):\n    return {good}\n", tests=suite, entry_point=name,
+            split="train"))
+    return tasks
+
+
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory):
+    """A very small Llama trained briefly (SFT) on the toy tasks: it writes code that
+    sometimes passes and sometimes copies the bug, so RL has a signal."""
+    from labkit.policy import tiny
+    from labkit.policy.loading import load_policy
+    from labkit.policy.prompts import training_text
+    from labkit.policy.sft import SFTConfig, train_sft
+
+    tasks = toy_tasks()
+    pairs = [training_text(t, t.reference_code) for t in tasks]
+    pairs += [training_text(t, t.buggy_code) for t in tasks[:2]]  # some copying, too
+    tok = tiny.train_tokenizer([p + c for p, c in pairs] * 20, vocab_size=300)
+    model = tiny.init_model(tok, tiny.TinyModelConfig(hidden_size=64, intermediate_size=128,
+                                                      num_hidden_layers=2, num_attention_heads=4,
+                                                      num_key_value_heads=4))
+    path = tiny.save(model, tok, tmp_path_factory.mktemp("toy") / "model")
+    pol = load_policy(str(path), reference="none")
+    train_sft(pol.model, pol.tokenizer, pairs * 8,
+              SFTConfig(lr=1e-2, batch_size=12, max_steps=120, warmup_steps=10), progress=False)
+    return tiny.save(pol.model, pol.tokenizer, path)

@@ -1,0 +1,102 @@
+"""Events and run folders: how loops talk to the world without drawing anything.
+
+A loop owns an :class:`EventBus` and calls ``bus.emit("on_step_end", ...)``; widgets and
+notebooks subscribe with ``bus.on("on_step_end", fn)``; with no subscriber the loop runs
+headless. A :class:`RunFolder` holds everything a run writes (config, ``metrics.jsonl``,
+``rollouts.jsonl``, ``anchors.jsonl``, ``checkpoints/``) so any view can reopen a run later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+EVENTS = ("on_train_start", "on_rollout", "on_step_end", "on_eval", "on_checkpoint", "on_train_end")
+
+
+class EventBus:
+    def __init__(self):
+        self._subs: dict[str, list[Callable]] = defaultdict(list)
+
+    def on(self, event: str, fn: Callable) -> Callable:
+        """Subscribe ``fn`` (once: subscribing the same function again is a no-op)."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown event {event!r}; events: {EVENTS}")
+        if fn not in self._subs[event]:
+            self._subs[event].append(fn)
+        return fn
+
+    def off(self, event: str, fn: Callable) -> None:
+        if fn in self._subs[event]:
+            self._subs[event].remove(fn)
+
+    def emit(self, event: str, **payload: Any) -> None:
+        for fn in list(self._subs[event]):
+            fn(**payload)
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: non-finite floats become None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+class RunFolder:
+    """Files of one run. JSONL files are appended one line per record and flushed with
+    ``fsync`` so a killed run loses at most the line being written."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def append(self, name: str, record: dict) -> None:
+        with open(self.file(name), "a") as f:
+            f.write(json.dumps(_clean(record)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self, name: str) -> list[dict]:
+        """Records of a JSONL file; a torn last line (a kill mid-write) is ignored."""
+        p = self.file(name)
+        if not p.exists():
+            return []
+        out = []
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return out
+
+    def iter(self, name: str) -> Iterator[dict]:
+        yield from self.read(name)
+
+    def truncate_after(self, name: str, step: int) -> int:
+        """Keep only records with ``step <= step`` (resume: no row lost or duplicated).
+        Returns how many were dropped."""
+        rows = self.read(name)
+        keep = [r for r in rows if r.get("step", -1) <= step]
+        tmp = self.file(name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, self.file(name))
+        return len(rows) - len(keep)
+
+    def write_json(self, name: str, obj: dict) -> None:
+        tmp = self.file(name + ".tmp")
+        tmp.write_text(json.dumps(_clean(obj), indent=2))
+        os.replace(tmp, self.file(name))
+
+    def read_json(self, name: str) -> dict:
+        return json.loads(self.file(name).read_text())

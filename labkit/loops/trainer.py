@@ -1,0 +1,546 @@
+"""The GRPO trainer: one readable loop.
+
+    for step:
+        tasks    <- pick tasks_per_step training tasks            (uniform or curriculum)
+        rollouts <- sample G completions per task                 (labkit.policy.rollout)
+        results  <- execute every program in the sandbox           (labkit.env.sandbox)
+        comps    <- feedback components per completion             (labkit.env.feedback)
+        R        <- reshaped reward, normalised                   (labkit.credit.reshaping)
+        A        <- advantage estimator [B, T], transformed        (labkit.credit.advantages)
+        update   <- PPO-clip (+ KL to the reference, - entropy)    (labkit.credit.losses)
+        metrics  -> metrics.jsonl, rollouts.jsonl, events
+
+The loop draws nothing: it emits events (``on_rollout``, ``on_step_end``, ``on_eval``,
+``on_checkpoint``) and writes a run folder. Everything random is derived from
+``(seed, step)``, so a run killed at any point and resumed from its last checkpoint
+produces the same metrics as an uninterrupted one (on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+
+from labkit.config import from_dict, to_dict
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
+from labkit.credit.reshaping import CurriculumSampler, Reshaper, ReshapeConfig, transform_advantages
+from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
+from labkit.env.records import RepairTask
+from labkit.loops import metrics as M
+from labkit.loops.events import EventBus, RunFolder
+from labkit.policy.loading import PolicyConfig, load_policy
+from labkit.policy.rollout import Rollout, SamplingConfig, collate, sample, sequence_logprobs
+from labkit.seeding import derive_seed, seed_everything
+
+# ============================================================================= config
+
+
+@dataclass
+class TaskConfig:
+    """Which tasks to train and evaluate on."""
+
+    source: str = "synthetic"
+    """``synthetic``, ``humaneval``, ``humanevalpack`` (needs ``path``) or ``records``: a
+    JSONL of ``RepairTask.to_dict()`` records at ``path`` (their ``split`` field is used)."""
+    train_problems: int = 2000
+    """Problems generated for the train split (synthetic) / cap for other sources (0 = all)."""
+    bugs_per_problem: int = 1
+    eval_split: str = "val"
+    eval_tasks: int = 64
+    path: str | None = None
+    """HumanEvalPack-format JSONL for source ``humanevalpack``."""
+
+
+@dataclass
+class LossConfig:
+    """The policy-gradient objective."""
+
+    policy_loss: str = "ppo_clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    """Set above ``eps_low`` (e.g. 0.28) for DAPO's clip-higher."""
+    dual_clip: float | None = 3.0
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                 "seq-mean-token-sum-norm"] = "token-mean"
+    """token-mean: long completions weigh more; seq-mean-token-mean: short ones do (GRPO's
+    length bias); seq-mean-token-sum-norm: Dr. GRPO's constant normaliser (unbiased)."""
+    kl_coef: float = 0.0
+    """beta: coefficient of the KL to the reference policy (0 = no reference forward)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    epochs: int = 1
+    """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward; gradients accumulate to the whole batch."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.99)
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run (``python -m labkit train --config X.yaml --set k=v``)."""
+
+    run_dir: str = "runs/train"
+    seed: int = 0
+    steps: int = 100
+    tasks_per_step: int = 8
+    estimator: str = "grpo"
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tasks: TaskConfig = field(default_factory=TaskConfig)
+    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+    reshape: ReshapeConfig = field(default_factory=ReshapeConfig.raw)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    curriculum: bool = False
+    """Sample tasks by bug kind, weighted by learnability (``CurriculumSampler``)."""
+    eval_every: int = 20
+    """Held-out pass@1 every N steps (and at step 0 and the end); 0 = never."""
+    eval_k: int = 4
+    eval_temperature: float = 0.7
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    log_rollouts: int = 16
+    """Rollout records per step written to rollouts.jsonl (0 = none, -1 = all)."""
+
+    def validate(self) -> None:
+        if self.estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}; registered: "
+                             f"{ADVANTAGE_ESTIMATORS.names()}")
+        if self.loss.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"unknown policy_loss {self.loss.policy_loss!r}; registered: "
+                             f"{POLICY_LOSSES.names()}")
+        if self.steps < 0 or self.tasks_per_step < 1 or self.checkpoint_every < 1:
+            raise ValueError("steps >= 0, tasks_per_step >= 1 and checkpoint_every >= 1 are required")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt; the message names the file."""
+
+
+# ============================================================================= trainer
+
+
+class Trainer:
+    """Holds the policy, optimiser and running state; :meth:`train` runs the loop."""
+
+    def __init__(self, cfg: TrainConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
+                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None):
+        cfg.validate()
+        self.cfg = cfg
+        self.events = EventBus()
+        self.run = RunFolder(cfg.run_dir)
+        seed_everything(cfg.seed)
+        self.policy = policy or load_policy(cfg.policy)
+        self.train_tasks = list(train_tasks) if train_tasks is not None else self._load_tasks("train")
+        self.eval_tasks = list(eval_tasks) if eval_tasks is not None else self._load_tasks("eval")
+        if not self.train_tasks:
+            raise ValueError("no training tasks: check tasks.source / tasks.train_problems")
+        self._own_sandbox = sandbox is None
+        if sandbox is None:
+            from labkit.env.sandbox import Sandbox
+
+            sandbox = Sandbox()
+        self.sandbox = sandbox
+        self.params = self.policy.trainable_parameters()
+        o = cfg.optim
+        self.opt = torch.optim.AdamW(self.params, lr=o.lr, weight_decay=o.weight_decay,
+                                     betas=tuple(o.betas))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
+        self.reshaper = Reshaper(cfg.reshape)
+        self.progress = ProgressTracker(cfg.feedback.progress_patience, cfg.feedback.progress_bonus)
+        self.curriculum = CurriculumSampler() if cfg.curriculum else None
+        self.step = 0
+        self._stop = False
+        self._buggy_r_test: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ setup helpers
+    def _load_tasks(self, which: str) -> list[RepairTask]:
+        from labkit.env.tasks import load_tasks
+
+        t = self.cfg.tasks
+        if t.source == "records":
+            return _records_tasks(t.path, "train" if which == "train" else t.eval_split,
+                                  t.eval_tasks if which != "train" else 0)
+        if which == "train":
+            n = t.train_problems or None
+            return load_tasks(t.source, split="train", n=n, seed=self.cfg.seed, path=t.path,
+                              bugs_per_problem=t.bugs_per_problem)
+        if not t.eval_tasks:
+            return []
+        tasks = load_tasks(t.source, split=t.eval_split, n=t.eval_tasks * 12, seed=self.cfg.seed,
+                           path=t.path, bugs_per_problem=1)
+        return tasks[: t.eval_tasks]
+
+    def _lr_factor(self, step: int) -> float:
+        o = self.cfg.optim
+        if step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        frac = min(1.0, (step - o.warmup_steps) / max(1, self.cfg.steps - o.warmup_steps))
+        if o.schedule == "linear":
+            return 1.0 - (1.0 - o.min_lr_ratio) * frac
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+
+    def request_stop(self) -> None:
+        """Stop between steps (after the current one finishes and is logged)."""
+        self._stop = True
+
+    def close(self) -> None:
+        if self._own_sandbox:
+            self.sandbox.close()
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
+        """Run until ``cfg.steps`` (or ``steps`` more); returns this call's metrics rows."""
+        cfg = self.cfg
+        end = cfg.steps if steps is None else min(cfg.steps, self.step + steps)
+        self._stop = False
+        rows = []
+        if self.step == 0:
+            self.run.write_json("config.json", to_dict(cfg))
+            self.events.emit("on_train_start", trainer=self)
+            if cfg.eval_every:
+                self._evaluate()
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=end, initial=self.step, desc="train", unit="step")
+        while self.step < end and not self._stop:
+            row = self.train_step()
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", pass1=f"{row['train/pass_at_1']:.2f}")
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                self._evaluate()
+            if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                self.save_checkpoint()
+        if bar is not None:
+            bar.close()
+        if self.step >= cfg.steps:
+            self.events.emit("on_train_end", trainer=self)
+        return rows
+
+    def train_step(self) -> dict:
+        cfg, step = self.cfg, self.step
+        t_step = time.time()
+        timings = {}
+
+        # -- pick tasks --------------------------------------------------------------
+        rng = random.Random(derive_seed(cfg.seed, "tasks", step))
+        if self.curriculum is not None:
+            tasks = self.curriculum.sample(self.train_tasks, lambda t: ",".join(t.bug_kinds),
+                                           cfg.tasks_per_step, rng)
+        else:
+            tasks = rng.sample(self.train_tasks, min(cfg.tasks_per_step, len(self.train_tasks)))
+
+        # -- generate ----------------------------------------------------------------
+        t0 = time.time()
+        scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step))
+        rollouts = sample(self.policy, tasks, scfg)
+        timings["time/generate"] = time.time() - t0
+        self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
+
+        # -- execute + feedback --------------------------------------------------------
+        t0 = time.time()
+        task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
+        self._ensure_buggy_baseline(tasks)
+        fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
+                           sandbox=self.sandbox, progress=self.progress)
+        timings["time/execute"] = time.time() - t0
+
+        # -- reward and advantages ----------------------------------------------------
+        t0 = time.time()
+        comps = [f.components for f in fb]
+        rewards, terms = self.reshaper.rewards(comps, [self._buggy_r_test[t.task_id] for t in task_of])
+        norm_rewards, norm_info = self.reshaper.normalise(rewards)
+        batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
+        mask = batch["completion_mask"]
+        adv, adv_metrics = compute_advantages(
+            cfg.estimator, AdvantageInput(norm_rewards.to(mask.dtype), [r.task_id for r in rollouts],
+                                          mask.cpu(), extra={"rollouts": rollouts, "tasks": task_of,
+                                                             "feedback": fb}))
+        adv = transform_advantages(adv, cfg.reshape).to(mask.device) * mask
+        timings["time/reward"] = time.time() - t0
+
+        # -- update ---------------------------------------------------------------------
+        t0 = time.time()
+        old_logp = torch.zeros_like(mask)
+        for b, r in enumerate(rollouts):
+            old_logp[b, :len(r.logprobs)] = torch.tensor(r.logprobs, dtype=mask.dtype)
+        upd = self._update(batch, old_logp, adv, scfg.temperature)
+        timings["time/update"] = time.time() - t0
+        self.sched.step()
+        self.reshaper.advance()
+        if self.curriculum is not None:
+            for t, f in zip(task_of, fb):
+                self.curriculum.update(",".join(t.bug_kinds), f.components["r_pass"])
+
+        # -- metrics ----------------------------------------------------------------------
+        self.step += 1
+        groups = defaultdict(list)
+        for r in rollouts:
+            groups[r.task_id].append(r.code)
+        row = {"step": self.step,
+               **M.reward_metrics(rewards.tolist(), comps),
+               **{f"reward_term/{k}": sum(t[k] for t in terms) / len(terms) for k in terms[0]},
+               **{k: v for k, v in norm_info.items() if k != "reshape/norm"},
+               **adv_metrics, **upd,
+               "train/pass_at_1": sum(f.components["r_pass"] for f in fb) / len(fb),
+               **M.length_metrics([r.n_tokens for r in rollouts], [r.finished for r in rollouts]),
+               **M.diversity_metrics(groups),
+               **M.hack_metrics([f.hack_flags for f in fb]),
+               **M.status_metrics([f.result.status.value for f in fb]),
+               "lr": self.opt.param_groups[0]["lr"],
+               **timings, "time/step": time.time() - t_step}
+        self.run.append("metrics.jsonl", row)
+        records = self._records(rollouts, task_of, fb, rewards, adv)
+        self._log_rollouts(records)
+        self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
+        return row
+
+    def _ensure_buggy_baseline(self, tasks: Sequence[RepairTask]) -> None:
+        """``r_test`` of each task's unchanged buggy code (for the precision gate)."""
+        todo = [t for t in tasks if t.task_id not in self._buggy_r_test]
+        if todo:
+            fb = evaluate_many(todo, [t.buggy_code for t in todo], config=self.cfg.feedback,
+                               sandbox=self.sandbox)
+            for t, f in zip(todo, fb):
+                self._buggy_r_test[t.task_id] = f.components["r_test"]
+
+    def _update(self, batch: dict, old_logp: torch.Tensor, adv: torch.Tensor, temperature: float) -> dict:
+        """``epochs`` passes of micro-batched PPO-clip (+ beta KL - entropy), aggregated over
+        the whole batch exactly (each micro-batch weighted by its share of the aggregate)."""
+        cfg = self.cfg.loss
+        model = self.policy.model
+        mask = batch["completion_mask"]
+        B = mask.shape[0]
+        mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
+        ref_logp = None
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), self.policy.reference() as ref:
+                ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
+                                      for mb in mbs])  # [B, T]
+        loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
+        weight_total = _agg_weight(mask, cfg.agg)
+        model.train()
+        acc: dict[str, list[float]] = defaultdict(list)
+        for _ in range(cfg.epochs):
+            self.opt.zero_grad(set_to_none=True)
+            for mb in mbs:
+                sub = _slice(batch, mb)
+                m = sub["completion_mask"]
+                logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, T]
+                pg, pm = loss_fn(logp, old_logp[mb], adv[mb], m, eps_low=cfg.eps_low,
+                                 eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
+                                 horizon=mask.shape[1])
+                loss = pg
+                if ref_logp is not None:
+                    kl = kl_penalty(logp, ref_logp[mb], cfg.kl_estimator)
+                    loss = loss + cfg.kl_coef * agg_loss(kl, m, cfg.agg, mask.shape[1])
+                    acc["kl/k1"].append(agg_loss(logp.detach() - ref_logp[mb], m).item())
+                    acc["kl/k3"].append(agg_loss(kl_penalty(logp.detach(), ref_logp[mb], "k3"), m).item())
+                if cfg.entropy_coef:
+                    loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, mask.shape[1])
+                share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
+                (loss * share).backward()
+                acc["loss/policy"].append(pg.item() * share)
+                acc["entropy"].append(agg_loss(ent.detach(), m).item())
+                for k, v in pm.items():
+                    acc[k].append(v)
+            gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+            acc["grad/norm"].append(float(gn))
+            self.opt.step()
+        model.eval()
+        out = {k: (sum(v) if k == "loss/policy" else sum(v) / len(v)) for k, v in acc.items()}
+        out["loss/policy"] /= cfg.epochs
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate(self) -> dict | None:
+        if not self.eval_tasks:
+            return None
+        from labkit.policy.evaluate import EvalConfig, evaluate
+
+        t0 = time.time()
+        ecfg = EvalConfig(k=self.cfg.eval_k, temperature=self.cfg.eval_temperature, greedy=False,
+                          max_new_tokens=self.cfg.sampling.max_new_tokens,
+                          seed=derive_seed(self.cfg.seed, "eval"))
+        rep = evaluate(self.policy, self.eval_tasks, ecfg, sandbox=self.sandbox)
+        row = {"step": self.step, "eval/pass_at_1": rep["pass_at_1"],
+               f"eval/pass_at_{self.cfg.eval_k}": rep[f"pass_at_{self.cfg.eval_k}"],
+               "eval/copy_rate": rep["copy_rate"], "eval/mean_tests": rep["mean_tests_passed"],
+               "eval/tasks": rep["tasks"], "time/eval": time.time() - t0}
+        self.run.append("eval.jsonl", row)
+        self.events.emit("on_eval", trainer=self, step=self.step, metrics=row)
+        return row
+
+    # ------------------------------------------------------------------ records
+    def _records(self, rollouts: list[Rollout], tasks, fb, rewards, adv) -> list[dict]:
+        out = []
+        for b, (r, t, f) in enumerate(zip(rollouts, tasks, fb)):
+            out.append({"step": self.step, "task_id": r.task_id, "sample": r.sample,
+                        "buggy_code": t.buggy_code, "completion": r.completion, "code": r.code,
+                        "code_start": r.code_start, "offsets": [list(o) for o in r.offsets],
+                        "token_ids": r.completion_ids, "logprobs": r.logprobs,
+                        "components": f.components, "reward": float(rewards[b]),
+                        "advantages": adv[b, :r.n_tokens].tolist(), "status": f.result.status.value,
+                        "flags": list(f.hack_flags)})
+        return out
+
+    def _log_rollouts(self, records: list[dict]) -> None:
+        n = self.cfg.log_rollouts
+        if n == 0:
+            return
+        keep = records if n < 0 else records[:n]
+        flagged = [r for r in records[len(keep):] if r["flags"]]  # always keep flagged samples
+        for rec in keep + flagged:
+            self.run.append("rollouts.jsonl", rec)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_dir(self, step: int) -> Path:
+        return self.run.path / "checkpoints" / f"step_{step:06d}"
+
+    def save_checkpoint(self) -> Path:
+        final = self._ckpt_dir(self.step)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        trainable = {n: p.detach().cpu() for n, p in self.policy.model.named_parameters() if p.requires_grad}
+        torch.save(trainable, tmp / "trainable.pt")
+        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
+                   tmp / "optim.pt")
+        state = {"step": self.step, "reshaper": self.reshaper.state_dict(),
+                 "progress": self.progress.state_dict(),
+                 "curriculum": self.curriculum.state_dict() if self.curriculum else None,
+                 "buggy_r_test": self._buggy_r_test, "lora": self.policy.is_lora}
+        (tmp / "state.json").write_text(json.dumps(state))
+        (tmp / "COMPLETE").write_text("ok\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in sorted(self.run.path.glob("checkpoints/step_*"))[:-self.cfg.keep_checkpoints]:
+            if not old.name.endswith(".tmp"):
+                shutil.rmtree(old, ignore_errors=True)
+        self.events.emit("on_checkpoint", trainer=self, step=self.step, path=final)
+        return final
+
+    def load_checkpoint(self, path: str | Path | None = None) -> int:
+        """Restore from ``path`` (default: the newest complete checkpoint of the run) and
+        drop log rows written after it. Returns the restored step."""
+        path = Path(path) if path else latest_checkpoint(self.run.path)
+        if path is None:
+            raise CheckpointError(f"no complete checkpoint in {self.run.path / 'checkpoints'}")
+        if not (path / "COMPLETE").exists():
+            raise CheckpointError(f"checkpoint {path} is incomplete (no COMPLETE marker); "
+                                  "it was being written when the run stopped: resume from an older one")
+        try:
+            trainable = torch.load(path / "trainable.pt", weights_only=True)
+            opt_state = torch.load(path / "optim.pt", weights_only=False)
+            state = json.loads((path / "state.json").read_text())
+        except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
+            raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
+        if state["lora"] != self.policy.is_lora:
+            raise CheckpointError(f"checkpoint {path} was saved with lora={state['lora']}, "
+                                  f"but this policy has lora={self.policy.is_lora}")
+        params = dict(self.policy.model.named_parameters())
+        missing = [n for n in trainable if n not in params]
+        if missing:
+            raise CheckpointError(f"checkpoint {path} does not fit this model: unknown parameters "
+                                  f"{missing[:3]}")
+        with torch.no_grad():
+            for n, v in trainable.items():
+                params[n].copy_(v)
+        self.opt.load_state_dict(opt_state["optimizer"])
+        self.sched.load_state_dict(opt_state["scheduler"])
+        torch.set_rng_state(opt_state["torch_rng"])
+        random.setstate(opt_state["python_rng"])
+        self.reshaper.load_state_dict(state["reshaper"])
+        self.progress.load_state_dict(state["progress"])
+        if self.curriculum is not None and state["curriculum"]:
+            self.curriculum.load_state_dict(state["curriculum"])
+        self._buggy_r_test = dict(state["buggy_r_test"])
+        self.step = int(state["step"])
+        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
+            self.run.truncate_after(name, self.step)
+        return self.step
+
+
+# ============================================================================= helpers
+
+
+def _records_tasks(path: str | None, split: str, limit: int) -> list[RepairTask]:
+    if not path or not Path(path).is_file():
+        raise ValueError(f"tasks.source 'records' needs tasks.path, a JSONL of task records; "
+                         f"got {path!r}")
+    tasks = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                tasks.append(RepairTask.from_dict(json.loads(line)))
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"{path}:{i}: not a task record: {e}") from None
+    tasks = [t for t in tasks if t.split == split]
+    return tasks[:limit] if limit else tasks
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
+            if p.is_dir() and (p / "COMPLETE").exists()]
+    return done[-1] if done else None
+
+
+def _slice(batch: dict, idx: list[int]) -> dict:
+    out = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
+    return out
+
+
+def _agg_weight(mask: torch.Tensor, mode: str) -> float:
+    """How much of an aggregate a (micro-)batch holds: tokens for token-mean, non-empty
+    sequences for the seq-mean modes."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(-1) > 0).sum())
+
+
+def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True, **kwargs) -> Trainer:
+    """Build a trainer (resuming from the run folder's last checkpoint if asked) and train."""
+    trainer = Trainer(cfg, **kwargs)
+    if resume:
+        trainer.load_checkpoint()
+    try:
+        trainer.train(progress=progress)
+    finally:
+        trainer.close()
+    return trainer
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
+    from labkit.config import apply_overrides, load_yaml
+
+    if path:
+        return load_yaml(TrainConfig, path, list(overrides))
+    return apply_overrides(from_dict(TrainConfig, {}), list(overrides))
