@@ -145,8 +145,12 @@ class Trainer:
     """Holds the policy, optimiser and running state; :meth:`train` runs the loop."""
 
     def __init__(self, cfg: TrainConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
-                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None):
+                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None, reward_fn=None):
+        """``reward_fn(tasks, rollouts) -> list[dict]`` (optional) replaces the sandbox and
+        feedback floor with your own component dicts (they need ``r_test`` and ``r_pass``);
+        the reshaping, estimator and update stay the same."""
         cfg.validate()
+        self.reward_fn = reward_fn
         self.cfg = cfg
         self.events = EventBus()
         self.run = RunFolder(cfg.run_dir)
@@ -156,8 +160,8 @@ class Trainer:
         self.eval_tasks = list(eval_tasks) if eval_tasks is not None else self._load_tasks("eval")
         if not self.train_tasks:
             raise ValueError("no training tasks: check tasks.source / tasks.train_problems")
-        self._own_sandbox = sandbox is None
-        if sandbox is None:
+        self._own_sandbox = sandbox is None and reward_fn is None
+        if sandbox is None and reward_fn is None:
             from labkit.env.sandbox import Sandbox
 
             sandbox = Sandbox()
@@ -208,7 +212,7 @@ class Trainer:
         self._stop = True
 
     def close(self) -> None:
-        if self._own_sandbox:
+        if self._own_sandbox and self.sandbox is not None:
             self.sandbox.close()
 
     # ------------------------------------------------------------------ the loop
@@ -267,15 +271,18 @@ class Trainer:
         # -- execute + feedback --------------------------------------------------------
         t0 = time.time()
         task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
-        self._ensure_buggy_baseline(tasks)
-        fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
-                           sandbox=self.sandbox, progress=self.progress)
+        if self.reward_fn is not None:
+            fb = [_CustomFeedback(c) for c in self.reward_fn(task_of, rollouts)]
+        else:
+            self._ensure_buggy_baseline(tasks)
+            fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
+                               sandbox=self.sandbox, progress=self.progress)
         timings["time/execute"] = time.time() - t0
 
         # -- reward and advantages ----------------------------------------------------
         t0 = time.time()
         comps = [f.components for f in fb]
-        rewards, terms = self.reshaper.rewards(comps, [self._buggy_r_test[t.task_id] for t in task_of])
+        rewards, terms = self.reshaper.rewards(comps, [self._buggy_r_test.get(t.task_id) for t in task_of])
         norm_rewards, norm_info = self.reshaper.normalise(rewards)
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
         mask = batch["completion_mask"]
@@ -490,6 +497,21 @@ class Trainer:
 
 
 # ============================================================================= helpers
+
+
+@dataclass(frozen=True)
+class _CustomFeedback:
+    """What a user ``reward_fn`` gives in place of the feedback floor's ``Feedback``."""
+
+    components: dict
+    hack_flags: tuple = ()
+
+    @property
+    def result(self):
+        from labkit.env.records import SandboxResult, Status
+
+        ok = self.components.get("r_pass", 0.0) >= 1.0
+        return SandboxResult(status=Status.PASSED if ok else Status.FAILED, passed=int(ok), total=1)
 
 
 def _records_tasks(path: str | None, split: str, limit: int) -> list[RepairTask]:
