@@ -18,9 +18,11 @@ produces the same metrics as an uninterrupted one (on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -170,6 +172,17 @@ class Trainer:
         o = cfg.optim
         self.opt = torch.optim.AdamW(self.params, lr=o.lr, weight_decay=o.weight_decay,
                                      betas=tuple(o.betas))
+        # Data parallel (``accelerate launch`` / ``torchrun``): every process samples its
+        # own tasks, DDP all-reduces the gradients; process 0 writes the run folder.
+        self.world, self.rank, self.accel = 1, 0, None
+        self.train_model = self.policy.model
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import Accelerator
+
+            self.accel = Accelerator(cpu=self.policy.device.type == "cpu")
+            self.world, self.rank = self.accel.num_processes, self.accel.process_index
+            self.train_model, self.opt = self.accel.prepare(self.policy.model, self.opt)
+        self.is_main = self.rank == 0
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.reshaper = Reshaper(cfg.reshape)
         self.progress = ProgressTracker(cfg.feedback.progress_patience, cfg.feedback.progress_bonus)
@@ -207,6 +220,10 @@ class Trainer:
             return 1.0 - (1.0 - o.min_lr_ratio) * frac
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
 
+    def _rank_key(self) -> tuple:
+        """Extra seed names per process (none in a single process, so results match)."""
+        return ("rank", self.rank) if self.world > 1 else ()
+
     def request_stop(self) -> None:
         """Stop between steps (after the current one finishes and is logged)."""
         self._stop = True
@@ -223,7 +240,8 @@ class Trainer:
         self._stop = False
         rows = []
         if self.step == 0:
-            self.run.write_json("config.json", to_dict(cfg))
+            if self.is_main:
+                self.run.write_json("config.json", to_dict(cfg))
             self.events.emit("on_train_start", trainer=self)
             if cfg.eval_every:
                 self._evaluate()
@@ -240,7 +258,7 @@ class Trainer:
                 bar.set_postfix(reward=f"{row['reward/mean']:.3f}", pass1=f"{row['train/pass_at_1']:.2f}")
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                 self._evaluate()
-            if self.step % cfg.checkpoint_every == 0 or self.step == end:
+            if self.is_main and (self.step % cfg.checkpoint_every == 0 or self.step == end):
                 self.save_checkpoint()
         if bar is not None:
             bar.close()
@@ -254,7 +272,7 @@ class Trainer:
         timings = {}
 
         # -- pick tasks --------------------------------------------------------------
-        rng = random.Random(derive_seed(cfg.seed, "tasks", step))
+        rng = random.Random(derive_seed(cfg.seed, "tasks", step, *self._rank_key()))
         if self.curriculum is not None:
             tasks = self.curriculum.sample(self.train_tasks, lambda t: ",".join(t.bug_kinds),
                                            cfg.tasks_per_step, rng)
@@ -263,7 +281,7 @@ class Trainer:
 
         # -- generate ----------------------------------------------------------------
         t0 = time.time()
-        scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step))
+        scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
         rollouts = sample(self.policy, tasks, scfg)
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
@@ -323,9 +341,11 @@ class Trainer:
                **M.status_metrics([f.result.status.value for f in fb]),
                "lr": self.opt.param_groups[0]["lr"],
                **timings, "time/step": time.time() - t_step}
-        self.run.append("metrics.jsonl", row)
+        row["dist/world_size"] = self.world
         records = self._records(rollouts, task_of, fb, rewards, adv)
-        self._log_rollouts(records)
+        if self.is_main:
+            self.run.append("metrics.jsonl", row)
+            self._log_rollouts(records)
         self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
 
@@ -342,7 +362,7 @@ class Trainer:
         """``epochs`` passes of micro-batched PPO-clip (+ beta KL - entropy), aggregated over
         the whole batch exactly (each micro-batch weighted by its share of the aggregate)."""
         cfg = self.cfg.loss
-        model = self.policy.model
+        model = self.train_model
         mask = batch["completion_mask"]
         B = mask.shape[0]
         mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
@@ -353,6 +373,11 @@ class Trainer:
                                       for mb in mbs])  # [B, T]
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
         weight_total = _agg_weight(mask, cfg.agg)
+        scale = 1.0
+        if self.world > 1:  # normalise by the global aggregate; DDP averages over processes
+            t = torch.tensor([weight_total], dtype=torch.float64)
+            torch.distributed.all_reduce(t)
+            weight_total, scale = float(t), float(self.world)
         model.train()
         acc: dict[str, list[float]] = defaultdict(list)
         for _ in range(cfg.epochs):
@@ -373,7 +398,10 @@ class Trainer:
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, mask.shape[1])
                 share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
-                (loss * share).backward()
+                last = mb is mbs[-1]
+                sync = contextlib.nullcontext() if (self.accel is None or last) else self.accel.no_sync(model)
+                with sync:
+                    (loss * share * scale).backward()
                 acc["loss/policy"].append(pg.item() * share)
                 acc["entropy"].append(agg_loss(ent.detach(), m).item())
                 for k, v in pm.items():
@@ -388,7 +416,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self) -> dict | None:
-        if not self.eval_tasks:
+        if not self.eval_tasks or not self.is_main:
             return None
         from labkit.policy.evaluate import EvalConfig, evaluate
 
