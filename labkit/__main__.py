@@ -187,6 +187,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- experiments
+
+
+def cmd_experiment(args) -> int:
+    from labkit import experiments
+    from labkit.config import ConfigError, apply_overrides
+
+    try:
+        exp = apply_overrides(experiments.ExperimentConfig(), args.set)
+    except (ConfigError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    runner = {"reshaping": experiments.experiment_reshaping}.get(args.name)
+    if runner is None:
+        raise CLIError(f"unknown experiment {args.name!r}; available: reshaping")
+    md = runner(exp)
+    print(md.read_text())
+    results = json.loads(md.with_suffix(".json").read_text())
+    _emit({"experiment": args.name, "report": str(md),
+           **{f"{m}_delta": round(r["delta"][0], 4) for m, r in results["methods"].items()}})
+    return 0
+
+
 # ----------------------------------------------------------------------------- lab
 
 
@@ -248,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", metavar="RUN_DIR", help="resume a run from its last checkpoint")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
+
+    ex = sub.add_parser("experiment", help="multi-seed comparisons written to docs/results/")
+    ex.add_argument("name", help="reshaping")
+    ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
+    ex.set_defaults(func=cmd_experiment)
 
     lab = sub.add_parser("lab", help="the lab's main job on the embedded default")
     lab.add_argument("--n", type=int, default=24, help="tasks in the demo")
