@@ -38,7 +38,12 @@ def encode(value: Any, *, max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS
         if v is None or t is bool or t is str:
             return v
         if t is int:
-            return v if -(2**53) < v < 2**53 else {"t": "int", "v": str(v)}
+            if -(2**53) < v < 2**53:
+                return v
+            try:
+                return {"t": "int", "v": str(v)}
+            except ValueError as e:  # more digits than sys.get_int_max_str_digits()
+                raise NotPlain(f"int too large to encode: {e}") from None
         if t is float:
             if math.isfinite(v):
                 return {"t": "float", "v": v}
@@ -92,7 +97,8 @@ def decode(obj: Any) -> Any:
 
 
 def strict_equal(got: Any, expected: Any) -> bool:
-    """Equality with exact types, recursively (``True`` is not ``1``, ``1`` is not ``1.0``).
+    """Equality with exact types, recursively (``True`` is not ``1``, ``1`` is not ``1.0``),
+    also for set members and dict keys (``{True} != {1}``).
 
     Floats compare with ``==`` (so ``nan`` never equals anything).
     """
@@ -102,5 +108,21 @@ def strict_equal(got: Any, expected: Any) -> bool:
     if tg in (list, tuple):
         return len(got) == len(expected) and all(strict_equal(a, b) for a, b in zip(got, expected))
     if tg is dict:
-        return got.keys() == expected.keys() and all(strict_equal(got[k], expected[k]) for k in got)
+        typed_got = {_typed_key(k): v for k, v in got.items()}
+        typed_expected = {_typed_key(k): v for k, v in expected.items()}
+        return typed_got.keys() == typed_expected.keys() and all(
+            strict_equal(v, typed_expected[k]) for k, v in typed_got.items())
+    if tg in (set, frozenset):
+        return {_typed_key(x) for x in got} == {_typed_key(x) for x in expected}
     return got == expected
+
+
+def _typed_key(value: Any) -> Any:
+    """A hashable stand-in for a set member or dict key that also carries its exact type, so
+    that ``1``, ``1.0`` and ``True`` (equal and equally hashed in Python) stay apart."""
+    t = type(value)
+    if t is tuple:
+        return t, tuple(_typed_key(x) for x in value)
+    if t is frozenset:
+        return t, frozenset(_typed_key(x) for x in value)
+    return t, value

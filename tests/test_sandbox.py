@@ -1,0 +1,337 @@
+"""The sandbox's behaviour: statuses, per-test outcomes, grading, pool lifecycle.
+
+Real worker processes throughout (no mocks); the adversarial cases live in
+``test_sandbox_adversarial.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from labkit.env import hackscan
+from labkit.env.records import AssertTest, Candidate, IOCase, Status, TestSuite
+from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many
+
+IS_ROOT = os.geteuid() == 0
+ADD = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(workers=2, timeout_s=3.0)) as sb:
+        yield sb
+
+
+def suite(*cases: IOCase, asserts: tuple[AssertTest, ...] = (), setup: str = "") -> TestSuite:
+    return TestSuite(cases=cases, asserts=asserts, setup=setup)
+
+
+ADD_SUITE = suite(IOCase((1, 2), 3), IOCase((-1, 1), 0), IOCase(([1], [2]), [1, 2]))
+
+
+# ----------------------------------------------------------------------------- statuses
+
+
+def test_passing_candidate_passes_every_test(sandbox):
+    r = sandbox.run(Candidate(ADD, ADD_SUITE, "add"))
+    assert r.status is Status.PASSED and r.ok
+    assert (r.passed, r.total, r.fraction) == (3, 3, 1.0)
+    assert [o.ok for o in r.outcomes] == [True] * 3
+    assert {o.graded_in for o in r.outcomes} == {"parent"}
+    assert r.error == "" and r.flags == () and r.wall_s > 0
+
+
+def test_failing_candidate_reports_what_differs(sandbox):
+    r = sandbox.run(Candidate("def add(a, b):\n    return a - b\n", ADD_SUITE, "add"))
+    assert r.status is Status.FAILED
+    assert r.passed == 0
+    assert r.outcomes[0].detail == "expected 3 (int), got -1 (int)"
+    assert r.error.startswith("3 of 3 tests failed; first: case0: expected 3 (int)")
+
+
+def test_exception_in_one_test_fails_only_that_test(sandbox):
+    code = "def inv(x):\n    return 1 / x\n"
+    r = sandbox.run(Candidate(code, suite(IOCase((2,), 0.5), IOCase((0,), 0.0)), "inv"))
+    assert r.status is Status.FAILED and r.passed == 1
+    assert r.outcomes[1].detail == "raised ZeroDivisionError: division by zero"
+
+
+@pytest.mark.parametrize("code, why", [
+    ("def add(a, b)\n    return a + b\n", "SyntaxError"),
+    ("import no_such_module_anywhere\ndef add(a, b):\n    return 0\n", "ModuleNotFoundError"),
+    ("raise RuntimeError('at import')\n", "RuntimeError: at import"),
+    ("def other():\n    pass\n", "entry point 'add' is not defined"),
+    ("add = 3\n", "not defined or not callable"),
+])
+def test_code_that_does_not_load_is_an_error(sandbox, code, why):
+    r = sandbox.run(Candidate(code, ADD_SUITE, "add"))
+    assert r.status is Status.ERROR and r.passed == 0 and why in r.error
+    assert all(o.detail == "not run" for o in r.outcomes)
+
+
+def test_timeout_keeps_the_tests_reported_before_it(sandbox):
+    code = "def f(x):\n    while x == 3:\n        pass\n    return x\n"
+    tests = suite(*(IOCase((x,), x) for x in (1, 2, 3, 4)))
+    r = sandbox.run(Candidate(code, tests, "f", timeout_s=0.5))
+    assert r.status is Status.TIMEOUT
+    assert [o.ok for o in r.outcomes] == [True, True, False, False]
+    assert (r.passed, r.total) == (2, 4)
+    assert 0.5 <= r.wall_s < 2.0
+
+
+def test_stderr_tail_is_kept(sandbox):
+    code = "import sys\ndef f():\n    print('x' * 5000, 'the end', file=sys.stderr)\n    return 1\n"
+    r = sandbox.run(Candidate(code, suite(IOCase((), 1)), "f"))
+    assert r.ok and r.stderr_tail.endswith("the end\n") and len(r.stderr_tail) <= 2048
+
+
+# ----------------------------------------------------------------------------- grading
+
+
+@pytest.mark.parametrize("returned, expected", [
+    ("True", 1), ("1", True), ("1.0", 1), ("1", 1.0), ("(1, 2)", [1, 2]), ("[1, 2]", (1, 2)),
+    ("{True}", {1}), ("{1: 'a'}", {1.0: 'a'}), ("'1'", 1), ("None", 0), ("b'a'", "a"),
+])
+def test_grading_uses_exact_types(sandbox, returned, expected):
+    r = sandbox.run(Candidate(f"def f():\n    return {returned}\n", suite(IOCase((), expected)), "f"))
+    assert r.status is Status.FAILED, (returned, expected)
+
+
+def test_subclasses_of_builtins_are_not_plain_outputs(sandbox):
+    code = ("class Int(int):\n    pass\n"
+            "class Str(str):\n    pass\n"
+            "def f(kind):\n    return Int(3) if kind == 'int' else Str('a')\n")
+    r = sandbox.run(Candidate(code, suite(IOCase(("int",), 3), IOCase(("str",), "a")), "f"))
+    assert r.status is Status.FAILED and r.passed == 0
+    assert "not a plain value" in r.outcomes[0].detail
+    assert "builtin_subclass" in r.flags
+
+
+def test_exact_outputs_of_every_plain_type_pass(sandbox):
+    values = [None, True, 0, -(2**70), 1.5, float("inf"), "s", b"\x00", 1 + 2j, (1, [2, {3: {4}}]),
+              frozenset({(1, "a")}), {"k": (None, 1.0)}]
+    code = "def f(v):\n    return v\n"
+    r = sandbox.run(Candidate(code, suite(*(IOCase((v,), v) for v in values)), "f"))
+    assert r.ok, r.error
+
+
+def test_approx_compare_accepts_numbers_within_tolerance(sandbox):
+    code = "def f(x):\n    return x\n"
+    cases = [IOCase((1.0000001,), 1.0, "approx", 1e-6), IOCase((3,), 3.0, "approx", 1e-9),
+             IOCase((1.1,), 1.0, "approx", 1e-6), IOCase((True,), 1.0, "approx", 0.5),
+             IOCase((float("nan"),), 1.0, "approx", 1e9), IOCase(("1.0",), 1.0, "approx", 1.0)]
+    r = sandbox.run(Candidate(code, suite(*cases), "f"))
+    assert [o.ok for o in r.outcomes] == [True, True, False, False, False, False]
+
+
+def test_truthy_and_falsy_compare(sandbox):
+    code = "def f(x):\n    return x\n"
+    cases = [IOCase(([1],), compare="truthy"), IOCase((0,), compare="falsy"),
+             IOCase(("",), compare="truthy"), IOCase((1,), compare="falsy")]
+    r = sandbox.run(Candidate(code, suite(*cases), "f"))
+    assert [o.ok for o in r.outcomes] == [True, True, False, False]
+
+
+def test_unknown_compare_mode_is_refused(sandbox):
+    with pytest.raises(ValueError, match="unknown compare mode"):
+        sandbox.run(Candidate(ADD, suite(IOCase((1, 2), 3, compare="close")), "add"))
+
+
+def test_assert_tests_run_in_the_child_with_setup(sandbox):
+    tests = suite(asserts=(AssertTest("assert candidate(2, 3) == helper(5)", "a"),
+                           AssertTest("assert candidate(2, 2) == 5", "b")),
+                  setup="def helper(x):\n    return x\n")
+    r = sandbox.run(Candidate(ADD, tests, "add"))
+    assert r.status is Status.FAILED and r.passed == 1
+    assert [(o.name, o.ok, o.graded_in) for o in r.outcomes] == [("a", True, "child"),
+                                                                 ("b", False, "child")]
+    assert r.outcomes[1].detail.startswith("raised AssertionError")
+
+
+def test_failing_setup_fails_every_assert(sandbox):
+    tests = suite(IOCase((1, 1), 2), asserts=(AssertTest("assert True"),), setup="1 / 0\n")
+    r = sandbox.run(Candidate(ADD, tests, "add"))
+    assert [o.ok for o in r.outcomes] == [True, False]
+    assert "test setup failed: ZeroDivisionError" in r.outcomes[1].detail
+
+
+def test_grade_is_a_pure_function_of_the_worker_report():
+    cand = Candidate(ADD, ADD_SUITE, "add")
+    lines = b'{"k":"load","ok":true}\n{"i":0,"v":3}\n{"i":1,"v":0}\n{"i":2,"v":{"t":"list","v":[1,2]}}\n'
+    header = {"exit": 0, "signal": None, "timed_out": False, "capped": "", "wall_s": 0.01}
+    assert grade(cand, header, lines + b'{"k":"end"}\n', {}).status is Status.PASSED
+    assert grade(cand, header, lines, {}).status is Status.CRASHED  # no end line
+    assert grade(cand, {**header, "exit": 1}, lines + b'{"k":"end"}\n', {}).status is Status.CRASHED
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_random_and_hash_order_are_the_same_in_every_check(sandbox):
+    code = ("import random\n"
+            "def f():\n    return [random.random(), list({'apple', 'pear', 'fig', 'kiwi'})]\n")
+    results = sandbox.run_many([Candidate(code, suite(IOCase((), None)), "f")] * 6)
+    details = {r.outcomes[0].detail for r in results}
+    assert len(details) == 1, details
+
+
+def test_run_many_returns_results_in_input_order(sandbox):
+    code = "import time\ndef f(x, delay):\n    time.sleep(delay)\n    return x\n"
+    cands = [Candidate(code, suite(IOCase((i, 0.2 if i % 3 == 0 else 0.0), i)), "f", id=str(i))
+             for i in range(12)]
+    cands[5] = Candidate(code, suite(IOCase((5, 0.0), -1)), "f")
+    results = sandbox.run_many(cands)
+    assert [r.status for r in results] == [Status.FAILED if i == 5 else Status.PASSED for i in range(12)]
+
+
+def test_fail_fast_stops_at_the_first_failure():
+    code = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
+    tests = suite(IOCase((0,), 1), IOCase((1,), 5), IOCase((2,), 3), IOCase((3,), 4))
+    with Sandbox(SandboxConfig(workers=1, timeout_s=5.0, fail_fast=True)) as sb:
+        t0 = time.monotonic()
+        r = sb.run(Candidate(code, tests, "f"))
+        assert time.monotonic() - t0 < 2.0  # the loop at x == 2 was never waited for
+        assert r.status is Status.FAILED and r.passed == 1
+        assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
+        assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
+
+
+# ----------------------------------------------------------------------------- the pool
+
+
+def test_protections_are_reported(sandbox):
+    p = sandbox.protections
+    for always in ("parent_grading", "rlimits", "session", "wall_deadline", "output_cap",
+                   "minimal_env", "process_sweep"):
+        assert p[always], always
+    if IS_ROOT:  # CI runs as root: everything is on
+        assert all(p.values()), p
+    r = sandbox.run(Candidate(ADD, ADD_SUITE, "add"))
+    assert dict(r.protections) == p
+
+
+def test_without_namespaces_or_uid_the_sandbox_says_so_and_still_works():
+    config = SandboxConfig(workers=1, use_namespaces=False, drop_privileges=False)
+    with Sandbox(config) as sb:
+        p = sb.protections
+        assert not any(p[k] for k in ("non_root_uid", "net_namespace", "mount_namespace",
+                                      "readonly_root", "hidden_paths", "private_tmp"))
+        assert p["rlimits"] and p["wall_deadline"] and p["process_sweep"]
+        assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
+        loop = sb.run(Candidate("def add(a, b):\n    while True: pass\n", ADD_SUITE, "add",
+                                timeout_s=0.3))
+        assert loop.status is Status.TIMEOUT
+
+
+def test_a_dead_worker_is_replaced_transparently(sandbox):
+    before = {w.proc.pid for w in sandbox._workers if w is not None}
+    for pid in before:
+        os.kill(pid, 9)
+    assert sandbox.run(Candidate(ADD, ADD_SUITE, "add")).ok
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.6)\n    return a + b\n"
+    running = [w.proc.pid for w in sandbox._workers if w is not None]
+
+    def kill_running() -> None:
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):  # one may be dead and reaped already
+                os.kill(pid, 9)
+
+    threading.Timer(0.3, kill_running).start()
+    assert sandbox.run(Candidate(slow, ADD_SUITE, "add")).ok  # retried on a fresh worker
+    after = {w.proc.pid for w in sandbox._workers if w is not None}
+    assert after and not after & before
+
+
+def test_close_stops_every_worker_and_module_run_many_cleans_up():
+    sb = Sandbox(SandboxConfig(workers=2))
+    pids = [w.proc.pid for w in sb.start()._workers]
+    sb.close()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        sb.run(Candidate(ADD, ADD_SUITE, "add"))
+    results = run_many([Candidate(ADD, ADD_SUITE, "add")] * 3, SandboxConfig(workers=1))
+    assert [r.ok for r in results] == [True] * 3
+    assert run_many([]) == []
+
+
+def test_concurrent_callers_share_the_pool(sandbox):
+    out: dict[int, list[bool]] = {}
+
+    def call(k: int) -> None:
+        out[k] = [r.ok for r in sandbox.run_many([Candidate(ADD, ADD_SUITE, "add")] * 5)]
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {k: [True] * 5 for k in range(3)}
+
+
+# ----------------------------------------------------------------------------- hack flags
+
+
+@pytest.mark.parametrize("code, flag", [
+    ("import sys\nsys.exit(0)", "sys_exit"),
+    ("exit()", "sys_exit"),
+    ("from os import _exit as e\ne(0)", "os_exit"),
+    ("class A:\n    def __eq__(self, o):\n        return True", "eq_override"),
+    ("class A:\n    __ne__ = lambda s, o: False", "eq_override"),
+    ("class A:\n    def __hash__(self):\n        return 0", "hash_override"),
+    ("import builtins\nbuiltins.abs = lambda x: 0", "builtins_patch"),
+    ("__builtins__['len'] = None", "builtins_patch"),
+    ("import builtins as b\nsetattr(b, 'abs', None)", "builtins_patch"),
+    ("import sys\nf = sys._getframe(1).f_back", "frame_access"),
+    ("import inspect", "frame_access"),
+    ("import gc\ngc.get_objects()", "gc"),
+    ("import ctypes", "ctypes"),
+    ("import sys\nsys.settrace(None)", "trace_hook"),
+    ("import signal", "signal"),
+    ("import unittest\nraise unittest.SkipTest()", "skip_test"),
+    ("try:\n    pass\nexcept:\n    pass", "bare_except"),
+    ("open('/proc/self/environ').read()", "proc_access"),
+    ("open('x')", "file_io"),
+    ("import subprocess", "process_spawn"),
+    ("import os\nos.system('ls')", "process_spawn"),
+    ("import socket", "network"),
+    ("import atexit\natexit.register(print)", "atexit"),
+    ("import time\ntime.time = lambda: 0", "monkeypatch"),
+    ("import os\nos.write(3, b'x')", "raw_fd_io"),
+    ("eval('1')", "dynamic_code"),
+    ("().__class__.__base__.__subclasses__()", "introspection"),
+    ("class S(str):\n    pass", "builtin_subclass"),
+])
+def test_hack_flags(code, flag):
+    assert flag in hackscan.scan(code)
+    assert flag in hackscan.FLAGS
+
+
+def test_clean_code_has_no_flags_and_syntax_errors_one():
+    assert hackscan.scan("def f(xs):\n    return sorted(x * 2 for x in xs if x > 0)\n") == ()
+    assert hackscan.scan("def f(:\n") == ("syntax_error",)
+    flags = hackscan.scan("import sys, gc\nsys.exit(gc.collect())")
+    assert flags == tuple(sorted(flags)) == ("gc", "sys_exit")
+
+
+# ----------------------------------------------------------------------------- HumanEval
+
+
+@pytest.mark.slow
+def test_every_humaneval_canonical_solution_passes(sandbox):
+    from labkit.env.humaneval import load_problems, problem_to_suite, reference_code
+
+    problems = load_problems()
+    cands = [Candidate(reference_code(p), problem_to_suite(p), p["entry_point"], id=p["task_id"])
+             for p in problems]
+    t0 = time.monotonic()
+    results = sandbox.run_many(cands)
+    failed = {c.id: r.error for c, r in zip(cands, results) if not r.ok}
+    assert len(results) == 164 and not failed, failed
+    assert time.monotonic() - t0 < 30
