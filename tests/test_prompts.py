@@ -15,6 +15,17 @@ def test_plain_prompt_layout():
     assert build_prompt(TASK) == p  # no tokenizer -> plain
 
 
+def test_problem_section_only_when_the_code_lacks_its_docstring():
+    import dataclasses
+
+    spec = 'def f(x):\n    """Add one.\n\n    >>> f(1)\n    2\n    """'
+    synthetic = dataclasses.replace(TASK, prompt=spec)
+    p = plain_prompt(synthetic)
+    assert p.index("### Problem\n" + spec + "\n") < p.index("### Buggy\n")
+    humaneval_like = dataclasses.replace(TASK, prompt=spec, buggy_code=spec + "\n    return x - 1\n")
+    assert "### Problem" not in plain_prompt(humaneval_like)
+
+
 def test_extract_plain_and_fenced():
     assert extract_code(FIX) == FIX
     assert extract_code(FIX + "### Buggy\nblah") == FIX

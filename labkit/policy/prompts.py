@@ -8,6 +8,8 @@ Two formats:
 * **plain** — for base models and the embedded tiny model, a fixed, documented layout::
 
       ### Fix the bug in this Python function.
+      ### Problem           (only when the buggy program does not carry its own docstring)
+      <signature + docstring with examples>
       ### Buggy
       <buggy program>
       ### Feedback            (only in later turns of a multi-turn episode)
@@ -29,14 +31,29 @@ from labkit.env.records import RepairTask
 
 INSTRUCTION = "Fix the bug in this Python function."
 PLAIN_HEADER = f"### {INSTRUCTION}\n"
+PLAIN_PROBLEM = "### Problem\n"
 PLAIN_BUGGY = "### Buggy\n"
 PLAIN_FEEDBACK = "### Feedback\n"
 PLAIN_FIXED = "### Fixed\n"
 
 
+def problem_statement(task: RepairTask) -> str | None:
+    """The task's prompt (signature + docstring) when the buggy program does not already
+    contain it (synthetic tasks keep the docstring with its examples out of the code;
+    HumanEval's buggy programs start with it)."""
+    spec = task.prompt.strip()
+    if not spec or spec in task.buggy_code:
+        return None
+    return spec
+
+
 def plain_prompt(task: RepairTask, feedback: str | None = None) -> str:
     """The plain format (see module docstring). Ends right where the fixed program starts."""
-    parts = [PLAIN_HEADER, PLAIN_BUGGY, task.buggy_code.rstrip() + "\n"]
+    parts = [PLAIN_HEADER]
+    spec = problem_statement(task)
+    if spec:
+        parts += [PLAIN_PROBLEM, spec + "\n"]
+    parts += [PLAIN_BUGGY, task.buggy_code.rstrip() + "\n"]
     if feedback:
         parts += [PLAIN_FEEDBACK, feedback.rstrip() + "\n"]
     parts.append(PLAIN_FIXED)
@@ -46,7 +63,11 @@ def plain_prompt(task: RepairTask, feedback: str | None = None) -> str:
 def chat_messages(task: RepairTask, feedback: str | None = None) -> list[dict]:
     """The chat format: one user message; the answer is expected in a ```python fence."""
     body = (f"{INSTRUCTION} Reply with the whole corrected program in one ```python code "
-            f"block and nothing else.\n\n```python\n{task.buggy_code.rstrip()}\n```\n")
+            f"block and nothing else.\n\n")
+    spec = problem_statement(task)
+    if spec:
+        body += f"The function should do this:\n```python\n{spec}\n```\n\n"
+    body += f"```python\n{task.buggy_code.rstrip()}\n```\n"
     if feedback:
         body += f"\nYour previous attempt was run against the tests:\n{feedback.rstrip()}\n"
     return [{"role": "user", "content": body}]
