@@ -205,7 +205,7 @@ class Trainer:
                               bugs_per_problem=t.bugs_per_problem)
         if not t.eval_tasks:
             return []
-        tasks = load_tasks(t.source, split=t.eval_split, n=t.eval_tasks * 12, seed=self.cfg.seed,
+        tasks = load_tasks(t.source, split=t.eval_split, n=t.eval_tasks, seed=self.cfg.seed,
                            path=t.path, bugs_per_problem=1)
         return tasks[: t.eval_tasks]
 

@@ -33,14 +33,16 @@ class PretrainConfig:
 
     out: str = str(TINY_DIR)
     seed: int = 0
-    synthetic_problems: int = 12000
+    synthetic_problems: int = 3000
     """Synthetic train problems; each gives ``bugs_per_problem`` validated buggy variants."""
     bugs_per_problem: int = 3
-    humaneval_bugs_per_problem: int = 4
+    humaneval_bugs_per_problem: int = 1
+    data_procs: int = 2
+    """Processes building the synthetic training tasks (each with its own sandbox)."""
     vocab_size: int = 1024
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(time_budget_s=900, batch_size=32,
-                                                             lr=2e-3, max_len=640))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(time_budget_s=1200, batch_size=32,
+                                                             lr=2e-3, max_len=512))
     eval_synthetic_tasks: int = 200
     eval_humaneval_tasks: int = 0
     """0 = every bug-injected HumanEval test-split task."""
@@ -49,6 +51,37 @@ class PretrainConfig:
 
 def _pairs(tasks) -> list[tuple[str, str]]:
     return [training_text(t, t.reference_code) for t in tasks]
+
+
+def _synthetic_chunk(args: tuple[int, int, int]) -> list:
+    from labkit.env.tasks import load_tasks
+
+    n, seed, bugs = args
+    return load_tasks("synthetic", split="train", n=n, seed=seed, bugs_per_problem=bugs)
+
+
+def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int = 2) -> list:
+    """``n`` synthetic train problems' validated bug variants, built by ``procs`` processes
+    (each its own generator stream and sandbox pool); duplicates across streams dropped.
+    Problems of every stream are split by problem id, so nothing leaks into val/test."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from labkit.seeding import derive_seed
+
+    sizes = [n // procs + (i < n % procs) for i in range(procs)]
+    jobs = [(k, derive_seed(seed, "pretrain-stream", i), bugs_per_problem) for i, k in enumerate(sizes)]
+    if procs == 1:
+        chunks = [_synthetic_chunk(jobs[0])]
+    else:
+        with ProcessPoolExecutor(procs) as pool:
+            chunks = list(pool.map(_synthetic_chunk, jobs))
+    seen, out = set(), []
+    for t in (t for c in chunks for t in c):
+        key = (t.buggy_code, t.reference_code)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
@@ -69,8 +102,8 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
 
     # -- data ---------------------------------------------------------------------------
     t0 = time.time()
-    syn = load_tasks("synthetic", split="train", n=cfg.synthetic_problems, seed=cfg.seed,
-                     bugs_per_problem=cfg.bugs_per_problem)
+    syn = synthetic_train_tasks(cfg.synthetic_problems, cfg.seed, cfg.bugs_per_problem,
+                                procs=cfg.data_procs)
     he = load_tasks("humaneval", split="train", seed=cfg.seed,
                     bugs_per_problem=cfg.humaneval_bugs_per_problem)
     pairs = _pairs(syn) + _pairs(he)
@@ -95,8 +128,8 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     t0 = time.time()
     policy = load_policy(str(out), reference="none")
     ecfg = EvalConfig(k=cfg.eval_k)
-    test_syn = load_tasks("synthetic", split="test", n=cfg.eval_synthetic_tasks * 12,
-                          seed=cfg.seed, bugs_per_problem=1)[: cfg.eval_synthetic_tasks]
+    test_syn = load_tasks("synthetic", split="test", n=cfg.eval_synthetic_tasks, seed=cfg.seed,
+                          bugs_per_problem=1)
     test_he = load_tasks("humaneval", split="test", seed=cfg.seed, bugs_per_problem=1)
     if cfg.eval_humaneval_tasks:
         test_he = test_he[: cfg.eval_humaneval_tasks]

@@ -8,13 +8,17 @@ so that code spans (diff hunks, anchors) map onto tokens exactly.
 
 :func:`sequence_logprobs` recomputes the same log-probs with one teacher-forced forward
 pass (what the policy-gradient update differentiates); a test checks the two agree.
+
+:func:`sample_with_cache` also hands back the key/value cache ``generate`` built, one
+:class:`KVRow` per rollout, so that counterfactual forks (:mod:`labkit.policy.forking`)
+continue from a factual prefix without encoding it again.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +38,10 @@ class SamplingConfig:
     max_new_tokens: int = 256
     batch_size: int = 64
     """Sequences per ``generate`` call (tasks x G are chunked to fit)."""
-    stop_strings: tuple[str, ...] = ("\n###",)
-    """Extra stop strings besides EOS (the plain prompt format's next section marker)."""
+    stop_strings: tuple[str, ...] = ()
+    """Extra stop strings besides EOS, e.g. ("\\n###",). Off by default: checking them in
+    ``generate`` halves the sampling speed of a small model, and :func:`extract_code` cuts
+    a completion at a new ``###`` section anyway."""
     seed: int = 0
 
     def validate(self) -> None:
@@ -80,6 +86,22 @@ class Rollout:
         return [i for i, (a, b) in enumerate(self.offsets) if a < end and b > start and b > a]
 
 
+@dataclass(frozen=True)
+class KVRow:
+    """Where one sequence's keys and values live in a batch cache.
+
+    Token ``j`` of ``prompt_ids + completion_ids`` (``j = 0`` is the first prompt token) sits
+    at column ``offset + j`` of row ``row`` in every layer of ``cache`` (a transformers
+    ``Cache`` whose layers hold ``keys``/``values`` of shape ``[B, H_kv, S, D]``); columns
+    before ``offset`` are left padding. A cache from ``generate`` holds every token but the
+    last sampled one.
+    """
+
+    cache: Any
+    row: int
+    offset: int
+
+
 # ----------------------------------------------------------------------------- offsets
 
 
@@ -106,10 +128,17 @@ def token_offsets(tokenizer, ids: Sequence[int], text: str | None = None) -> lis
 # ----------------------------------------------------------------------------- sampling
 
 
-def _strip_completion(tokenizer, row: torch.Tensor, pad_id: int, eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Completion ids up to and including the first EOS (pads dropped)."""
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """The ids that end a completion: the generation config's EOS id(s) and the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id}
+
+
+def strip_completion(row: Sequence[int] | torch.Tensor, pad_id: int,
+                     eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Completion ids up to and including the first EOS (pads dropped); True if EOS came."""
     out, finished = [], False
-    for t in row.tolist():
+    for t in (row.tolist() if isinstance(row, torch.Tensor) else row):
         if t in eos_ids:
             out.append(t)
             finished = True
@@ -120,23 +149,59 @@ def _strip_completion(tokenizer, row: torch.Tensor, pad_id: int, eos_ids: set[in
     return out, finished
 
 
+def make_rollout(tokenizer, *, task_id: str, sample: int, prompt: str, prompt_ids: list[int],
+                 completion_ids: list[int], logprobs: list[float], eos_seen: bool,
+                 stop_strings: Sequence[str], temperature: float, meta: dict | None = None) -> Rollout:
+    """A :class:`Rollout` from a completion's ids: text, extracted code, character offsets.
+
+    ``finished`` is ``eos_seen`` or a stop string in the text (not cut by the token budget).
+    """
+    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
+    code = extract_code(text)
+    return Rollout(
+        task_id=task_id, sample=sample, prompt=prompt, prompt_ids=prompt_ids,
+        completion_ids=completion_ids, logprobs=logprobs, completion=text, code=code,
+        code_start=text.find(code.rstrip("\n")) if code else -1,
+        offsets=token_offsets(tokenizer, completion_ids) if completion_ids else [],
+        finished=eos_seen or any(s in text for s in stop_strings), temperature=temperature,
+        meta=meta or {})
+
+
 @torch.no_grad()
 def sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
            feedback: Sequence[str | None] | None = None, progress: bool = False) -> list[Rollout]:
     """G completions per task; results grouped task by task (``tasks[i]``'s samples are
     ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``."""
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=False)[0]
+
+
+@torch.no_grad()
+def sample_with_cache(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
+                      feedback: Sequence[str | None] | None = None,
+                      progress: bool = False) -> tuple[list[Rollout], list[KVRow]]:
+    """:func:`sample`, plus the cache ``generate`` filled: ``kv[i]`` locates ``out[i]``.
+
+    The same tokens as :func:`sample` under the same seed; the caches of all chunks stay in
+    memory until the rows are dropped (``layers x 2 x B x H_kv x (P + T) x D`` values each).
+    """
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=True)
+
+
+def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
+            feedback: Sequence[str | None] | None, progress: bool,
+            keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
     cfg = config or SamplingConfig()
     cfg.validate()
     model, tok = policy.model, policy.tokenizer
     prompts = [build_prompt(t, tok, feedback[i] if feedback else None) for i, t in enumerate(tasks)]
     jobs = [(i, g) for i in range(len(tasks)) for g in range(cfg.group_size)]
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tok.eos_token_id}
+    eos_ids = stop_token_ids(model, tok)
     pad_id = tok.pad_token_id
     was_training = model.training
     model.eval()
     torch.manual_seed(cfg.seed)
     out: list[Rollout] = []
+    kv: list[KVRow] = []
     chunks = range(0, len(jobs), cfg.batch_size)
     if progress:
         from tqdm.auto import tqdm
@@ -151,24 +216,22 @@ def sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = 
             max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
             stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
             output_logits=True, return_dict_in_generate=True)
-        new = gen.sequences[:, enc.input_ids.shape[1]:]  # [b, T]
+        P = enc.input_ids.shape[1]
+        new = gen.sequences[:, P:]  # [b, T]
         logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
         logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
         chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
         for row, (i, g) in enumerate(chunk):
-            ids, finished = _strip_completion(tok, new[row], pad_id, eos_ids)
-            text = tok.decode(ids, skip_special_tokens=True)
-            stopped = any(text.endswith(s) or s in text for s in cfg.stop_strings)
-            offsets = token_offsets(tok, ids) if ids else []
-            code = extract_code(text)
+            ids, eos_seen = strip_completion(new[row], pad_id, eos_ids)
             p_ids = enc.input_ids[row][enc.attention_mask[row].bool()].tolist()
-            out.append(Rollout(
-                task_id=tasks[i].task_id, sample=g, prompt=prompts[i], prompt_ids=p_ids,
-                completion_ids=ids, logprobs=chosen[row, :len(ids)].tolist(), completion=text,
-                code=code, code_start=text.find(code.rstrip("\n")) if code else -1,
-                offsets=offsets, finished=finished or stopped, temperature=cfg.temperature))
+            out.append(make_rollout(
+                tok, task_id=tasks[i].task_id, sample=g, prompt=prompts[i], prompt_ids=p_ids,
+                completion_ids=ids, logprobs=chosen[row, :len(ids)].tolist(), eos_seen=eos_seen,
+                stop_strings=cfg.stop_strings, temperature=cfg.temperature))
+            if keep_cache:
+                kv.append(KVRow(cache=gen.cache, row=row, offset=P - len(p_ids)))
     model.train(was_training)
-    return out
+    return out, kv
 
 
 # ----------------------------------------------------------------------------- training forward
