@@ -32,9 +32,10 @@ import json
 import math
 import operator
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from labkit.env.records import AssertTest, IOCase, TestSuite
 
@@ -87,7 +88,8 @@ class Conversion:
 
 def problem_to_suite(problem: Mapping) -> TestSuite:
     """Convert a problem's ``check(candidate)`` test into a :class:`TestSuite` (see module doc)."""
-    return convert_test(problem["test"], problem["entry_point"], problem.get("prompt", "")).suite
+    return convert_test(problem["test"], problem["entry_point"], problem.get("prompt", ""),
+                        problem.get("task_id", "<unknown>")).suite
 
 
 def convert_test(test: str, entry_point: str, prompt: str = "",
@@ -148,8 +150,9 @@ def _count_asserts(stmts: list[ast.stmt]) -> int:
 
 def _setup(module: ast.Module, check: ast.FunctionDef, prompt: str, entry_point: str,
            kept: list[ast.stmt]) -> str:
-    """Trusted code the child runs before the asserts: the prompt's helpers that the kept
-    statements use, then the test module's top level without ``check`` and calls of it."""
+    """Trusted code the child runs before the asserts: the prompt's top level except the entry
+    point (imports and helpers) when the kept statements use one of its helpers, then the test
+    module's top level without ``check`` and calls of it."""
     parts: list[str] = []
     used = {n.id for stmt in kept for n in ast.walk(stmt) if isinstance(n, ast.Name)}
     if prompt and used:

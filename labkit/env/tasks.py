@@ -1,0 +1,473 @@
+"""Repair tasks: the one entry point the rest of the lab loads tasks through.
+
+Three sources, one record (:class:`~labkit.env.records.RepairTask`):
+
+=================  ==========================================================================
+``humaneval``      the 164 HumanEval problems (:mod:`labkit.env.humaneval`), bugs injected by
+                   :mod:`labkit.env.bugs`
+``synthetic``      generated functions (:mod:`labkit.env.synthetic`), bugs injected likewise;
+                   the prompt shows 2-3 examples, at least one of which the buggy code fails
+``humanevalpack``  human-written bugs from a HumanEvalPack-format file the user brings
+                   (:mod:`labkit.env.humanevalpack`); ``path`` is required
+=================  ==========================================================================
+
+Splits are decided by hashing the *problem* id (:func:`split_of`), never the bug variant, so no
+problem is in two splits. Injected bugs are validated by execution in the sandbox: the reference
+passes every test and the buggy code fails at least one. That costs sandbox time, so validated
+lists are cached as JSONL under ``$LABKIT_CACHE`` (default ``~/.cache/labkit/tasks``), keyed by
+every parameter and by a hash of the code that builds them::
+
+    tasks = load_tasks("synthetic", "train", n=2000, bugs_per_problem=3)
+    report = validate_tasks(tasks)        # {"tasks": ..., "reference_pass": ..., ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit.env import humaneval, synthetic
+from labkit.env.records import BugSpan, Candidate, RepairTask, SandboxResult, Split, TestSuite
+from labkit.seeding import derive_seed
+
+Runner = Callable[[Sequence[Candidate]], list[SandboxResult]]
+"""Runs candidates in a sandbox, one result per candidate, in order
+(:func:`labkit.env.sandbox.run_many` by default)."""
+
+SOURCES = ("humaneval", "synthetic", "humanevalpack")
+DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+SYNTHETIC_TIMEOUT_S = 2.0
+"""Sandbox deadline per check for synthetic code: references run in microseconds, so a
+mutant that needs more is an endless loop, dropped quickly instead of after the default."""
+
+# The modules whose code decides what a task list contains; their text is part of the cache
+# key. The sandbox is not: it decides verdicts, which a change to it should not alter.
+_BUILDERS = ("tasks.py", "humaneval.py", "humanevalpack.py", "synthetic.py", "bugs.py",
+             "records.py", "plain.py")
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def split_of(problem_id: str, seed: int = 0,
+             fractions: Sequence[float] = DEFAULT_FRACTIONS) -> Split:
+    """The split of a problem: a hash of ``(seed, problem_id)`` mapped to [0, 1) and cut at the
+    cumulative ``fractions`` (train, val, test). Stable across runs, machines and Python
+    versions (``hashlib``, not ``hash()``)."""
+    fractions = _check_fractions(fractions)
+    digest = hashlib.sha256(f"labkit-split:{seed}:{problem_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    if u < fractions[0]:
+        return Split.TRAIN
+    if u < fractions[0] + fractions[1]:
+        return Split.VAL
+    return Split.TEST
+
+
+def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    values = tuple(float(f) for f in fractions)
+    if len(values) != 3 or min(values) < 0 or abs(sum(values) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be three non-negative numbers (train, val, test) "
+                         f"summing to 1, got {tuple(fractions)}")
+    return values  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything that decides a task list; it is also the cache key (with the code hash)."""
+
+    source: str
+    """``humaneval``, ``synthetic`` or ``humanevalpack``."""
+    split: str | None = None
+    """``train``, ``val``, ``test``, or ``None`` for all problems."""
+    n: int | None = None
+    """Number of problems (in the split). Required for ``synthetic``; ``None`` elsewhere
+    means every problem. Each problem gives up to ``bugs_per_problem`` tasks."""
+    seed: int = 0
+    """Seeds the synthetic generator and bug injection (per problem, via ``derive_seed``)."""
+    path: str | None = None
+    """The HumanEvalPack-format JSONL file (``humanevalpack`` only)."""
+    bugs_per_problem: int = 1
+    """Distinct buggy variants per problem (injected sources); fewer when a problem has too
+    few bugs its tests catch."""
+    n_bugs: int = 1
+    """Bugs planted in each variant; also the task's ``difficulty``."""
+    validate: bool = True
+    """Run code in the sandbox: keep only bugs the tests catch (reference passes, buggy code
+    fails), pick synthetic examples the buggy code fails, and drop public examples the
+    reference fails. ``False`` runs nothing: bugs are drawn blind and may pass every test."""
+    split_seed: int = 0
+    """Seed of :func:`split_of`; keep it fixed across experiments so splits stay put."""
+    fractions: tuple[float, float, float] = DEFAULT_FRACTIONS
+    """Train / val / test shares."""
+    families: tuple[str, ...] | None = None
+    """Synthetic families to draw from (default: all of :data:`synthetic.FAMILIES`)."""
+    operators: tuple[str, ...] | None = None
+    """Bug operators to inject with (default: all of :mod:`labkit.env.bugs`' registry)."""
+    include_syntax: bool = False
+    """Allow the opt-in syntax-error operators."""
+    timeout_s: float | None = None
+    """Sandbox deadline per check; ``None``: :data:`SYNTHETIC_TIMEOUT_S` for synthetic code,
+    the sandbox's default otherwise."""
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the bad parameter and the valid choices."""
+        if self.source not in SOURCES:
+            raise ValueError(f"unknown task source {self.source!r}; choose one of {list(SOURCES)}")
+        splits = [s.value for s in Split]
+        if self.split is not None and self.split not in splits:
+            raise ValueError(f"unknown split {self.split!r}; choose one of {splits} or None")
+        if self.source == "humanevalpack" and not self.path:
+            raise ValueError("source 'humanevalpack' needs path=<a HumanEvalPack-format JSONL "
+                             "file>; the lab does not download it")
+        if self.source != "humanevalpack" and self.path:
+            raise ValueError(f"path is only read by source 'humanevalpack', not {self.source!r}")
+        if self.source == "synthetic" and self.n is None:
+            raise ValueError("source 'synthetic' is unlimited: pass n=<number of problems>")
+        for name in ("n", "bugs_per_problem", "n_bugs"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "n" else 1):
+                raise ValueError(f"{name} must be {'>= 0' if name == 'n' else '>= 1'}, "
+                                 f"got {value}")
+        _check_fractions(self.fractions)
+        if self.families is not None:
+            unknown = sorted(set(self.families) - set(synthetic.FAMILIES))
+            if unknown:
+                raise ValueError(f"unknown synthetic families {unknown}; choose from "
+                                 f"{sorted(synthetic.FAMILIES)}")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_tasks(source: str, split: str | None = None, *, n: int | None = None, seed: int = 0,
+               path: str | None = None, bugs_per_problem: int = 1, n_bugs: int = 1,
+               validate: bool = True, split_seed: int = 0,
+               fractions: Sequence[float] = DEFAULT_FRACTIONS,
+               families: Iterable[str] | None = None, operators: Iterable[str] | None = None,
+               include_syntax: bool = False, timeout_s: float | None = None,
+               runner: Runner | None = None, cache: bool = True,
+               progress: bool = False) -> list[RepairTask]:
+    """Load repair tasks from a source; the parameters are documented on :class:`TaskSpec`.
+
+    Task ids are ``f"{source}/{problem_id}/bug{k}"``. ``runner`` replaces the sandbox
+    (default :func:`labkit.env.sandbox.run_many`). ``cache=False`` neither reads nor writes the
+    cache; ``progress`` shows a bar over problems while bugs are injected.
+    """
+    spec = TaskSpec(source, split, n, seed, str(path) if path else None, bugs_per_problem,
+                    n_bugs, validate, split_seed, tuple(float(f) for f in fractions),
+                    tuple(families) if families is not None else None,
+                    tuple(operators) if operators is not None else None, include_syntax,
+                    timeout_s)
+    spec.check()
+    cache_file = _cache_file(spec) if cache else None
+    if cache_file is not None and cache_file.is_file():
+        cached = _read_cache(cache_file)
+        if cached is not None:
+            return cached
+    if spec.source == "humanevalpack":
+        tasks = _humanevalpack_tasks(spec, runner)
+    else:
+        tasks = _injected_tasks(spec, runner, progress)
+    if cache_file is not None:
+        _write_cache(cache_file, tasks)
+    return tasks
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A problem before bugs: what every injected source provides."""
+
+    problem_id: str
+    prompt: str
+    reference_code: str
+    entry_point: str
+    tests: TestSuite
+    public_tests: TestSuite
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    generated: synthetic.SyntheticProblem | None = None  # re-renders the prompt per bug
+
+
+@dataclass(frozen=True)
+class _Variant:
+    """One buggy version of a problem."""
+
+    code: str
+    bugs: tuple[BugSpan, ...]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _problems(spec: TaskSpec) -> list[_Problem]:
+    def wanted(problem_id: str) -> bool:
+        return spec.split is None or split_of(problem_id, spec.split_seed,
+                                              spec.fractions).value == spec.split
+
+    if spec.source == "humaneval":
+        chosen = [p for p in humaneval.load_problems() if wanted(_humaneval_id(p))]
+        return [_Problem(_humaneval_id(p), p["prompt"], humaneval.reference_code(p),
+                         p["entry_point"], humaneval.problem_to_suite(p),
+                         humaneval.public_suite(p), {"humaneval_id": p["task_id"]})
+                for p in chosen[: spec.n]]
+    out: list[_Problem] = []
+    stream = synthetic.iter_problems(spec.seed, families=spec.families)
+    while len(out) < (spec.n or 0):
+        try:
+            p = next(stream)
+        except RuntimeError as e:
+            raise ValueError(f"only {len(out)} synthetic problems fall in split {spec.split!r} "
+                             f"before the generator runs out ({e}); ask for fewer") from None
+        if wanted(p.problem_id):
+            out.append(_Problem(p.problem_id, p.prompt, p.reference_code, p.entry_point, p.tests,
+                                TestSuite(cases=p.examples),
+                                {"family": p.family, "level": p.level}, generated=p))
+    return out
+
+
+def _humaneval_id(problem: Mapping) -> str:
+    return problem["task_id"].replace("/", "-")  # HumanEval/0 -> HumanEval-0
+
+
+def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool) -> list[RepairTask]:
+    problems = _problems(spec)
+    timeout = spec.timeout_s
+    if timeout is None and spec.source == "synthetic":
+        timeout = SYNTHETIC_TIMEOUT_S
+    run = runner or _default_runner()
+
+    def variants(problem: _Problem) -> list[_Variant]:
+        if not spec.validate:
+            return _blind_variants(problem, spec)
+        try:
+            return _validated_variants(problem, spec, run, timeout)
+        except ValueError as e:  # the reference failed its own tests
+            raise ValueError(f"{spec.source} problem {problem.problem_id}: {e}") from e
+
+    shown: Iterable[_Problem] = problems
+    if progress:
+        from tqdm.auto import tqdm
+
+        shown = tqdm(problems, desc=f"{spec.source} tasks", unit="problem")
+    per_problem = [variants(p) for p in shown]
+
+    if spec.validate:
+        problems = _keep_passing_examples(problems, run, timeout)
+        failing = _failing_cases(problems, per_problem, run, timeout)
+    else:
+        failing = [[frozenset()] * len(v) for v in per_problem]
+    tasks = []
+    for problem, found_variants, fails in zip(problems, per_problem, failing):
+        split = split_of(problem.problem_id, spec.split_seed, spec.fractions).value
+        for k, (variant, failed) in enumerate(zip(found_variants, fails)):
+            prompt, public = problem.prompt, problem.public_tests
+            if problem.generated is not None:
+                examples = synthetic.choose_examples(problem.tests, failed)
+                prompt = problem.generated.prompt_with(examples)
+                public = TestSuite(cases=examples)
+            tasks.append(RepairTask(
+                task_id=f"{spec.source}/{problem.problem_id}/bug{k}",
+                problem_id=problem.problem_id,
+                source=spec.source,
+                prompt=prompt,
+                buggy_code=variant.code,
+                reference_code=problem.reference_code,
+                tests=problem.tests,
+                entry_point=problem.entry_point,
+                bugs=tuple(variant.bugs),
+                difficulty=len(variant.bugs),
+                split=split,
+                public_tests=public,
+                meta={**problem.meta, **variant.meta},
+            ))
+    return tasks
+
+
+def _validated_variants(problem: _Problem, spec: TaskSpec, run: Runner,
+                        timeout: float | None) -> list[_Variant]:
+    from labkit.env import bugs
+
+    found = bugs.inject_validated(
+        problem.reference_code, problem.tests, problem.entry_point,
+        seed=derive_seed(spec.seed, spec.source, problem.problem_id), n=spec.bugs_per_problem,
+        n_bugs=spec.n_bugs, operators=spec.operators, include_syntax=spec.include_syntax,
+        runner=run, timeout_s=timeout, batch_size=min(16, 2 * spec.bugs_per_problem + 2))
+    return [_Variant(v.code, v.bugs, {"buggy_status": v.status, "buggy_passed": v.passed,
+                                      "tests_total": v.total}) for v in found]
+
+
+def _blind_variants(problem: _Problem, spec: TaskSpec) -> list[_Variant]:
+    """Up to ``bugs_per_problem`` distinct injections, none of them run."""
+    from labkit.env import bugs
+
+    rng = random.Random(derive_seed(spec.seed, spec.source, problem.problem_id))
+    seen = {bugs.normal_form(problem.reference_code)}
+    out: list[_Variant] = []
+    for _ in range(20 * spec.bugs_per_problem):
+        if len(out) == spec.bugs_per_problem:
+            break
+        try:
+            injection = bugs.inject(problem.reference_code, problem.entry_point, rng, spec.n_bugs,
+                                    spec.operators, spec.include_syntax)
+        except bugs.NoSiteError:
+            break
+        key = bugs.normal_form(injection.code)
+        if key not in seen:
+            seen.add(key)
+            out.append(_Variant(injection.code, injection.bugs))
+    return out
+
+
+def _keep_passing_examples(problems: list[_Problem], run: Runner,
+                           timeout: float | None) -> list[_Problem]:
+    """Drop public examples the reference fails (HumanEval docstrings hold a few wrong ones).
+    Generated problems need no run: their examples are hidden cases the reference passes."""
+    written = [i for i, p in enumerate(problems) if p.generated is None]
+    results = run([Candidate(problems[i].reference_code, problems[i].public_tests,
+                             problems[i].entry_point, timeout, id=f"{problems[i].problem_id}:public")
+                   for i in written])
+    kept = list(problems)
+    for i, result in zip(written, results):
+        kept[i] = dataclasses.replace(kept[i],
+                                      public_tests=_passing_part(kept[i].public_tests, result))
+    return kept
+
+
+def _passing_part(suite: TestSuite, result: SandboxResult) -> TestSuite:
+    ok = {o.name for o in result.outcomes if o.ok}
+    return TestSuite(tuple(c for c in suite.cases if c.name in ok),
+                     tuple(a for a in suite.asserts if a.name in ok), suite.setup)
+
+
+def _failing_cases(problems: list[_Problem], per_problem: list[list[_Variant]], run: Runner,
+                   timeout: float | None) -> list[list[frozenset[str]]]:
+    """For generated problems, the names of the cases each buggy variant fails (the prompt's
+    examples are chosen from them); empty sets for the others, which need no run."""
+    jobs = [(i, k, Candidate(v.code, p.tests, p.entry_point, timeout, id=f"{p.problem_id}:{k}"))
+            for i, (p, vs) in enumerate(zip(problems, per_problem)) if p.generated is not None
+            for k, v in enumerate(vs)]
+    out: list[list[frozenset[str]]] = [[frozenset()] * len(vs) for vs in per_problem]
+    for (i, k, candidate), result in zip(jobs, run([c for _, _, c in jobs])):
+        names = {o.name for o in result.outcomes if not o.ok}
+        if not names:  # no per-test outcomes: the code did not load, so every case failed
+            names = {c.name for c in candidate.tests.cases}
+        out[i][k] = frozenset(names)
+    return out
+
+
+def _humanevalpack_tasks(spec: TaskSpec, runner: Runner | None) -> list[RepairTask]:
+    from labkit.env.humanevalpack import load_humanevalpack
+
+    tasks = []
+    for task in load_humanevalpack(spec.path):
+        split = split_of(task.problem_id, spec.split_seed, spec.fractions).value
+        if spec.split is None or split == spec.split:
+            tasks.append(dataclasses.replace(task, split=split))
+    tasks = tasks[: spec.n]
+    if not spec.validate or not tasks:
+        return tasks
+    run = runner or _default_runner()
+    report = validate_tasks(tasks, run)
+    if report["failures"]:
+        warnings.warn(f"{spec.path}: dropped {len(report['failures'])} task(s) whose reference "
+                      f"fails or whose buggy code passes: {report['details']}", stacklevel=3)
+    kept = [t for t in tasks if t.task_id not in set(report["failures"])]
+    public = run([Candidate(t.reference_code, t.public_tests, t.entry_point, spec.timeout_s,
+                            id=t.task_id) for t in kept])
+    return [dataclasses.replace(t, public_tests=_passing_part(t.public_tests, r))
+            for t, r in zip(kept, public)]
+
+
+def _default_runner() -> Runner:
+    from labkit.env.sandbox import run_many
+
+    return run_many
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate_tasks(tasks: Sequence[RepairTask], runner: Runner | None = None) -> dict:
+    """Run every task's reference and buggy code against its hidden tests, in one batch.
+
+    Returns ``{"tasks": n, "reference_pass": k, "buggy_fail": m, "failures": [task ids],
+    "details": {task id: why}}``; a task fails when its reference does not pass every test or
+    its buggy code passes them all.
+    """
+    run = runner or _default_runner()
+    candidates = [Candidate(code, t.tests, t.entry_point, id=f"{t.task_id}:{role}")
+                  for t in tasks for role, code in (("reference", t.reference_code),
+                                                    ("buggy", t.buggy_code))]
+    results = run(candidates)
+    report: dict = {"tasks": len(tasks), "reference_pass": 0, "buggy_fail": 0, "failures": [],
+                    "details": {}}
+    for i, task in enumerate(tasks):
+        reference, buggy = results[2 * i], results[2 * i + 1]
+        report["reference_pass"] += reference.ok
+        report["buggy_fail"] += not buggy.ok
+        problems = []
+        if not reference.ok:
+            problems.append(f"reference {reference.status.value}: {reference.error}")
+        if buggy.ok:
+            problems.append("buggy code passes every test")
+        if problems:
+            report["failures"].append(task.task_id)
+            report["details"][task.task_id] = "; ".join(problems)
+    return report
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    """``$LABKIT_CACHE/tasks`` if set, else ``~/.cache/labkit/tasks``."""
+    root = os.environ.get("LABKIT_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "labkit") / "tasks"
+
+
+def _code_version() -> str:
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in _BUILDERS:
+        file = here / name
+        digest.update(name.encode() + (file.read_bytes() if file.is_file() else b"<absent>"))
+    return digest.hexdigest()
+
+
+def _cache_file(spec: TaskSpec) -> Path:
+    key: dict[str, Any] = {**dataclasses.asdict(spec), "code": _code_version()}
+    if spec.path:  # the file's content, not its name, decides the tasks
+        file = Path(spec.path)
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no such file; pass the path of a HumanEvalPack-"
+                                    "format JSONL file (one JSON object per line)")
+        key["path"] = hashlib.sha256(file.read_bytes()).hexdigest()
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"{spec.source}-{spec.split or 'all'}-{digest}.jsonl"
+
+
+def _read_cache(file: Path) -> list[RepairTask] | None:
+    """The cached tasks, or ``None`` when the file cannot be read (it is then rebuilt)."""
+    try:
+        with file.open(encoding="utf-8") as lines:
+            return [RepairTask.from_dict(json.loads(line)) for line in lines if line.strip()]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(file: Path, tasks: list[RepairTask]) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(f".{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        for task in tasks:
+            out.write(json.dumps(task.to_dict()) + "\n")
+    os.replace(tmp, file)

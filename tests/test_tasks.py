@@ -1,0 +1,207 @@
+"""The task entry point: splits, the source registry, validation through the sandbox, caching."""
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.env import synthetic
+from labkit.env.records import Candidate, RepairTask, SandboxResult, Split, Status, TestOutcome
+from labkit.env.tasks import SOURCES, load_tasks, split_of, validate_tasks
+
+FIXTURE = str(Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test gets an empty task cache of its own."""
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+
+
+def refuse_to_run(candidates):
+    raise AssertionError(f"nothing should run here, got {len(candidates)} candidates")
+
+
+class CountingRunner:
+    """The real sandbox, counting the candidates it is given."""
+
+    def __init__(self):
+        from labkit.env.sandbox import run_many
+
+        self.run_many, self.calls = run_many, 0
+
+    def __call__(self, candidates):
+        self.calls += len(candidates)
+        return self.run_many(candidates)
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def test_split_of_is_deterministic_and_close_to_the_fractions():
+    ids = [f"problem-{i}" for i in range(20_000)]
+    splits = [split_of(i) for i in ids]
+    assert splits == [split_of(i) for i in ids]
+    assert all(isinstance(s, Split) for s in splits)
+    counts = collections.Counter(splits)
+    assert abs(counts[Split.TRAIN] / 20_000 - 0.8) < 0.01
+    assert abs(counts[Split.TEST] / 20_000 - 0.1) < 0.01
+    assert [split_of(i, seed=1) for i in ids] != splits  # the seed reshuffles
+    assert {split_of(i, fractions=(0, 0, 1)) for i in ids[:100]} == {Split.TEST}
+
+
+def test_split_of_pins_known_values():
+    """Golden values: a change here silently moves problems between splits."""
+    assert [split_of(f"HumanEval-{i}").value for i in range(8)] == [
+        "train", "train", "val", "test", "val", "train", "train", "train"]
+
+
+def test_bad_fractions_are_explained():
+    with pytest.raises(ValueError, match=r"fractions must be three non-negative numbers \(train, "
+                                         r"val, test\) summing to 1, got \(0.5, 0.5\)"):
+        split_of("x", fractions=(0.5, 0.5))
+
+
+def test_splits_are_disjoint_by_problem_not_by_bug():
+    loaded = {s: load_tasks("synthetic", s, n=5, seed=2, bugs_per_problem=2, validate=False,
+                            runner=refuse_to_run, cache=False) for s in ("train", "val", "test")}
+    problems = {s: {t.problem_id for t in tasks} for s, tasks in loaded.items()}
+    assert not (problems["train"] & problems["val"] or problems["train"] & problems["test"]
+                or problems["val"] & problems["test"])
+    for split, tasks in loaded.items():
+        assert len(problems[split]) == 5
+        assert {t.split for t in tasks} == {split}
+        assert all(split_of(t.problem_id).value == split for t in tasks)
+    variants = collections.Counter(t.problem_id for t in loaded["train"])
+    assert max(variants.values()) == 2  # both bugs of a problem stay together
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"source": "leetcode"},
+     r"unknown task source 'leetcode'; choose one of \['humaneval', 'synthetic', 'humanevalpack'\]"),
+    ({"source": "humaneval", "split": "dev"},
+     r"unknown split 'dev'; choose one of \['train', 'val', 'test'\] or None"),
+    ({"source": "humanevalpack"},
+     r"source 'humanevalpack' needs path=<a HumanEvalPack-format JSONL file>"),
+    ({"source": "humaneval", "path": FIXTURE}, r"path is only read by source 'humanevalpack'"),
+    ({"source": "synthetic"}, r"source 'synthetic' is unlimited: pass n=<number of problems>"),
+    ({"source": "synthetic", "n": 3, "n_bugs": 0}, r"n_bugs must be >= 1, got 0"),
+    ({"source": "synthetic", "n": 3, "families": ["loops"]},
+     r"unknown synthetic families \['loops'\]"),
+    ({"source": "humaneval", "fractions": (1, 1, 1)}, r"fractions must be three non-negative"),
+])
+def test_bad_arguments_name_the_problem_and_the_choices(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_tasks(runner=refuse_to_run, **kwargs)
+
+
+def test_a_missing_humanevalpack_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"missing\.jsonl: no such file"):
+        load_tasks("humanevalpack", path=str(tmp_path / "missing.jsonl"), runner=refuse_to_run)
+
+
+# ----------------------------------------------------------------------------- without running code
+
+
+def test_unvalidated_loads_run_nothing_and_are_deterministic():
+    first = load_tasks("synthetic", n=6, seed=4, validate=False, runner=refuse_to_run)
+    again = load_tasks("synthetic", n=6, seed=4, validate=False, runner=refuse_to_run, cache=False)
+    assert first == again and len(first) == 6
+    for t in first:
+        assert t.task_id == f"synthetic/{t.problem_id}/bug0"
+        assert t.buggy_code != t.reference_code and t.difficulty == len(t.bugs) == 1
+        assert t.meta["family"] in synthetic.FAMILIES
+
+
+def test_several_bugs_per_task_raise_the_difficulty():
+    tasks = load_tasks("synthetic", n=4, seed=1, n_bugs=2, validate=False, runner=refuse_to_run)
+    assert tasks and all(t.difficulty == len(t.bugs) == 2 for t in tasks)
+
+
+def test_validate_tasks_reports_each_kind_of_failure():
+    good = load_tasks("synthetic", n=3, seed=0, validate=False, runner=refuse_to_run)
+
+    def fake_runner(candidates):  # task 0 fine, task 1's reference fails, task 2's bug passes
+        verdicts = [True, False, False, False, True, True]
+        return [SandboxResult(Status.PASSED if ok else Status.FAILED, int(ok), 1,
+                              (TestOutcome("case_0", ok),), error="" if ok else "case_0 failed")
+                for ok in verdicts[: len(candidates)]]
+
+    report = validate_tasks(good, runner=fake_runner)
+    assert report["tasks"] == 3 and report["reference_pass"] == 2 and report["buggy_fail"] == 2
+    assert report["failures"] == [good[1].task_id, good[2].task_id]
+    assert "reference failed: case_0 failed" in report["details"][good[1].task_id]
+    assert report["details"][good[2].task_id] == "buggy code passes every test"
+
+
+# ----------------------------------------------------------------------------- through the sandbox
+
+
+def test_synthetic_tasks_show_an_example_the_buggy_code_fails():
+    from labkit.env.sandbox import run_many
+
+    tasks = load_tasks("synthetic", "train", n=8, seed=0, bugs_per_problem=2)
+    assert len(tasks) >= 12 and {t.source for t in tasks} == {"synthetic"}
+    assert len({t.task_id for t in tasks}) == len(tasks)
+    assert validate_tasks(tasks)["failures"] == []
+    runs = run_many([Candidate(t.buggy_code, t.public_tests, t.entry_point, 2.0) for t in tasks])
+    for task, result in zip(tasks, runs):
+        assert 2 <= len(task.public_tests.cases) <= 3
+        assert all(case in task.tests.cases for case in task.public_tests.cases)
+        assert not result.ok, f"{task.task_id}: the buggy code passes every example in its prompt"
+        for case in task.public_tests.cases:
+            assert f"{case.expected!r}" in task.prompt
+        assert task.meta["buggy_status"] in ("failed", "error")
+
+
+def test_humaneval_tasks_are_valid():
+    tasks = load_tasks("humaneval", n=5, seed=0)
+    assert [t.task_id for t in tasks] == [f"humaneval/HumanEval-{i}/bug0" for i in range(5)]
+    report = validate_tasks(tasks)
+    assert report == {"tasks": 5, "reference_pass": 5, "buggy_fail": 5, "failures": [],
+                      "details": {}}
+    for t in tasks:
+        assert t.reference_code.startswith(t.prompt) and t.buggy_code.startswith(t.prompt)
+        assert t.meta["humaneval_id"] == t.problem_id.replace("-", "/")
+        assert t.public_tests.cases and t.split == split_of(t.problem_id).value
+
+
+def test_public_examples_the_reference_fails_are_dropped():
+    from labkit.env import humaneval
+    from labkit.env.sandbox import run_many
+    from labkit.env.tasks import _keep_passing_examples, _Problem
+
+    p = humaneval.load_problems()[47]  # median(): its second docstring example is wrong
+    problem = _Problem("HumanEval-47", p["prompt"], humaneval.reference_code(p),
+                       p["entry_point"], humaneval.problem_to_suite(p), humaneval.public_suite(p))
+    assert len(problem.public_tests.cases) == 2
+    (kept,) = _keep_passing_examples([problem], run_many, None)
+    assert [c.args for c in kept.public_tests.cases] == [([3, 1, 2, 4, 5],)]
+
+
+def test_humanevalpack_tasks_through_the_registry():
+    tasks = load_tasks("humanevalpack", path=FIXTURE)
+    assert len(tasks) == 6 and all(t.source == "humanevalpack" for t in tasks)
+    assert all(t.split == split_of(t.problem_id).value for t in tasks)
+    test_only = load_tasks("humanevalpack", "test", path=FIXTURE)
+    assert {t.task_id for t in test_only} == {t.task_id for t in tasks if t.split == "test"}
+
+
+def test_validated_lists_are_cached_and_reloaded_without_running(tmp_path):
+    runner = CountingRunner()
+    first = load_tasks("synthetic", "val", n=3, seed=7, runner=runner)
+    assert runner.calls > 0
+    (cached,) = (tmp_path / "cache" / "tasks").glob("synthetic-val-*.jsonl")
+    assert len(cached.read_text().splitlines()) == len(first)
+    assert load_tasks("synthetic", "val", n=3, seed=7, runner=refuse_to_run) == first
+    cached.write_text("{broken\n")  # a damaged cache is rebuilt, not trusted
+    assert load_tasks("synthetic", "val", n=3, seed=7, runner=runner) == first
+    assert RepairTask.from_dict(json.loads(cached.read_text().splitlines()[0])) == first[0]
+
+
+def test_every_source_is_registered():
+    assert SOURCES == ("humaneval", "synthetic", "humanevalpack")
