@@ -1,1 +1,20 @@
-"""ipywidgets views over labkit run folders and records."""
+"""ipywidgets views over labkit's trainer events, run folders and rollout records.
+
+=====================  ==========================================================
+``DiffView``           buggy code | completion coloured by per-token advantage
+``AdvantageInspector`` one group: components -> reward -> advantage per estimator
+``TrainingDashboard``  live curves from trainer events, or a replay of a run folder
+``RewardTuner``        reshaping sliders recomputing a stored batch's advantages
+=====================  ==========================================================
+
+Each widget lives in its own module next to the pure functions it draws with; see
+``docs/widgets.md``.
+"""
+
+from widgets.dashboard import TrainingDashboard, metrics_to_series
+from widgets.diffview import DiffView, render_tokens_html
+from widgets.inspector import AdvantageInspector
+from widgets.tuner import RewardTuner, recompute
+
+__all__ = ["AdvantageInspector", "DiffView", "RewardTuner", "TrainingDashboard",
+           "metrics_to_series", "recompute", "render_tokens_html"]

@@ -1,0 +1,223 @@
+"""``TrainingDashboard``: live training curves from the trainer's events, or a finished run.
+
+Panels (one plotly ``FigureWidget``): reward mean and components, train and held-out
+pass@1, KL to the reference (k1, k3), clip fraction, entropy, zero-std groups, completion
+length, seconds per phase. A second figure shows a per-token strip (advantages, or any
+per-token field of the records) of the latest batch. A Stop button asks the trainer to
+stop between steps.
+
+Live: ``dash.attach(trainer)`` subscribes bound methods to ``trainer.events``
+(``on_rollout``, ``on_step_end``, ``on_eval``); ``EventBus.on`` ignores a function it
+already holds, so attaching again adds nothing; ``detach()`` / ``close()`` unsubscribe.
+Replay: ``TrainingDashboard.replay(run_dir)`` fills the same figures from
+``metrics.jsonl``, ``eval.jsonl`` and the last step of ``rollouts.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from traitlets import Any as AnyTrait
+from traitlets import Bool, List, Unicode
+
+from widgets.colors import escape, plotly_colorscale
+from widgets.errors import shown_in
+from widgets.records import at_step, open_run
+
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("reward/mean", "reward/r_test", "reward/r_pass", "reward/r_compile",
+                "reward/r_precision", "reward/r_style", "reward/r_progress", "reward/hack")),
+    ("pass@1", ("train/pass_at_1", "eval/pass_at_1")),
+    ("KL to reference", ("kl/k1", "kl/k3")),
+    ("clip fraction", ("clip/frac",)),
+    ("entropy", ("entropy",)),
+    ("zero-std groups", ("adv/zero_std_frac",)),
+    ("completion tokens", ("len/mean",)),
+    ("seconds per phase", ("time/generate", "time/execute", "time/reward", "time/update")),
+)
+"""``(title, keys)`` of each panel; ``eval/*`` keys come from ``eval.jsonl`` / ``on_eval``,
+the others from ``metrics.jsonl`` / ``on_step_end``."""
+COLS = 2
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def metrics_to_series(rows: Iterable[Mapping], keys: Sequence[str],
+                      ) -> dict[str, tuple[list, list[float]]]:
+    """``{key: (steps, values)}`` over ``rows`` (metrics or eval rows), skipping rows where
+    the key is missing, ``None`` or not finite; a row without ``step`` uses its index."""
+    out: dict[str, tuple[list, list[float]]] = {k: ([], []) for k in keys}
+    for i, row in enumerate(rows):
+        for k in keys:
+            v = row.get(k)
+            if isinstance(v, Real) and math.isfinite(v):
+                out[k][0].append(row.get("step", i))
+                out[k][1].append(float(v))
+    return out
+
+
+def strip_matrix(records: Sequence[Mapping], field: str = "advantages",
+                 ) -> tuple[list[list[float | None]], list[list[str]], list[str]]:
+    """A ``[B, T_max]`` heatmap of a per-token ``field``: values (``None``-padded), the
+    token texts (from ``offsets``) for hover, and one row label per record."""
+    width = max((len(r.get(field) or []) for r in records), default=0)
+    z, text, labels = [], [], []
+    for r in records:
+        vals = list(r.get(field) or [])
+        toks = [r["completion"][a:b] for a, b in r.get("offsets", [])][:width]
+        z.append(vals + [None] * (width - len(vals)))
+        text.append([repr(t) for t in toks] + [""] * (width - len(toks)))
+        labels.append(f"{r['task_id']} #{r['sample']}")
+    return z, text, labels
+
+
+def _replace_from(rows: Sequence[Mapping], row: Mapping) -> list[Mapping]:
+    """``rows`` without those at or after ``row``'s step, then ``row`` (a resumed run
+    repeats steps; the newest value wins)."""
+    return [r for r in rows if r.get("step", -1) < row.get("step", math.inf)] + [row]
+
+
+# ----------------------------------------------------------------------------- widget
+
+
+class TrainingDashboard(widgets.VBox):
+    """Training curves, a per-token strip of the latest batch and a Stop button.
+
+    State: ``rows`` (metrics rows), ``eval_rows``, ``batch`` (latest records); each
+    redraws its figure through ``FigureWidget.batch_update``.
+    """
+
+    rows = List(help="metrics.jsonl rows / on_step_end metrics, in step order.")
+    eval_rows = List(help="eval.jsonl rows / on_eval metrics.")
+    batch = List(help="Records of the latest step (the strip).")
+    strip_field = Unicode("advantages", help="Per-token record field shown in the strip.")
+    status = Unicode("", help="One line under the figures.")
+    stop_requested = Bool(False, help="The Stop button was clicked.")
+    trainer = AnyTrait(None, allow_none=True, help="The attached trainer (None: a replay).")
+
+    def __init__(self, height: int = 900):
+        titles = [t for t, _ in PANELS]
+        rows = math.ceil(len(PANELS) / COLS)
+        self.curves = go.FigureWidget(make_subplots(rows=rows, cols=COLS, subplot_titles=titles,
+                                                    vertical_spacing=0.08))
+        self._trace_of: dict[str, int] = {}
+        for p, (_, keys) in enumerate(PANELS):
+            for key in keys:
+                self._trace_of[key] = len(self.curves.data)
+                self.curves.add_scatter(x=[], y=[], name=key, mode="lines+markers",
+                                        marker_size=4, row=p // COLS + 1, col=p % COLS + 1)
+        self.curves.update_layout(height=height, margin={"t": 40, "b": 20, "l": 40, "r": 20})
+        self.strip = go.FigureWidget(go.Heatmap(z=[], zmid=0, colorscale=plotly_colorscale(),
+                                                hovertemplate="%{y}<br>token %{x} %{text}"
+                                                              "<br>%{z:.3f}<extra></extra>"))
+        self.strip.update_layout(height=160, margin={"t": 30, "b": 20, "l": 120, "r": 20})
+        self._stop = widgets.Button(description="Stop", icon="stop", button_style="danger",
+                                    disabled=True, tooltip="Stop the trainer after this step")
+        self._status = widgets.HTML()
+        self.out = widgets.Output()
+        super().__init__(children=[self.curves, self.strip,
+                                   widgets.HBox([self._stop, self._status]), self.out])
+        self.add_class("labkit-dashboard")
+        self.curves.add_class("labkit-curves")
+        self.strip.add_class("labkit-strip")
+        self._stop.add_class("labkit-stop")
+        self._stop.on_click(self._on_stop)
+        self.observe(self._draw_curves, names=["rows", "eval_rows"])
+        self.observe(self._draw_strip, names=["batch", "strip_field"])
+        self.observe(self._show_status, names="status")
+
+    # ------------------------------------------------------------------ live
+    def attach(self, trainer: Any) -> TrainingDashboard:
+        """Follow ``trainer``'s events (detaching from any other trainer first)."""
+        if self.trainer is not None and self.trainer is not trainer:
+            self.detach()
+        for event, fn in self._handlers():
+            trainer.events.on(event, fn)
+        self.trainer = trainer
+        self.stop_requested = False
+        self._stop.disabled = False
+        return self
+
+    def detach(self) -> None:
+        """Stop following the trainer (the figures keep what they show)."""
+        if self.trainer is not None:
+            for event, fn in self._handlers():
+                self.trainer.events.off(event, fn)
+        self.trainer = None
+        self._stop.disabled = True
+
+    def close(self) -> None:
+        """Detach, then close this widget and its figures."""
+        self.detach()
+        for child in (self.curves, self.strip):
+            child.close()
+        super().close()
+
+    def _handlers(self) -> tuple[tuple[str, Any], ...]:
+        return (("on_rollout", self._on_rollout), ("on_step_end", self._on_step_end),
+                ("on_eval", self._on_eval))
+
+    def _on_rollout(self, trainer: Any, step: int, rollouts: Sequence) -> None:
+        with shown_in(self.out):
+            self.status = f"step {step + 1}: {len(rollouts)} completions sampled, scoring..."
+
+    def _on_step_end(self, trainer: Any, step: int, metrics: Mapping,
+                     records: Sequence[Mapping]) -> None:
+        with shown_in(self.out):
+            self.rows = _replace_from(self.rows, metrics)
+            self.batch = list(records)
+            self.status = f"step {step}: reward {metrics.get('reward/mean', math.nan):.3f}"
+
+    def _on_eval(self, trainer: Any, step: int, metrics: Mapping) -> None:
+        with shown_in(self.out):
+            self.eval_rows = _replace_from(self.eval_rows, metrics)
+
+    def _on_stop(self, _button: widgets.Button) -> None:
+        with shown_in(self.out):
+            self.stop_requested = True
+            if self.trainer is not None:
+                self.trainer.request_stop()
+                self.status = "stop requested: the trainer stops after the current step"
+
+    # ------------------------------------------------------------------ replay
+    @classmethod
+    def replay(cls, run_dir: str | Path, **kwargs) -> TrainingDashboard:
+        """A dashboard filled from a run folder (``attach`` it later to go on live)."""
+        run = open_run(run_dir)
+        dash = cls(**kwargs)
+        dash.eval_rows = run.read("eval.jsonl")
+        dash.rows = run.read("metrics.jsonl")
+        rollouts = run.read("rollouts.jsonl")
+        dash.batch = at_step(rollouts) if rollouts else []
+        dash.status = f"replay of {run.path}: {len(dash.rows)} steps"
+        return dash
+
+    # ------------------------------------------------------------------ drawing
+    def _draw_curves(self, _change: Mapping | None = None) -> None:
+        keys = list(self._trace_of)
+        series = {**metrics_to_series(self.rows, [k for k in keys if not k.startswith("eval/")]),
+                  **metrics_to_series(self.eval_rows, [k for k in keys if k.startswith("eval/")])}
+        with self.curves.batch_update():
+            for key, (xs, ys) in series.items():
+                trace = self.curves.data[self._trace_of[key]]
+                trace.x, trace.y = xs, ys
+
+    def _draw_strip(self, _change: Mapping | None = None) -> None:
+        z, text, labels = strip_matrix(self.batch, self.strip_field)
+        step = self.batch[0]["step"] if self.batch else "-"
+        with self.strip.batch_update():
+            heat = self.strip.data[0]
+            heat.z, heat.text, heat.y = z, text, labels
+            self.strip.layout.title.text = f"{self.strip_field} per token, step {step}"
+            self.strip.layout.height = 80 + 16 * max(1, len(labels))
+
+    def _show_status(self, _change: Mapping | None = None) -> None:
+        self._status.value = f"<span class='labkit-status'>{escape(self.status)}</span>"

@@ -1,0 +1,209 @@
+"""``RewardTuner``: move the reshaping knobs, see a stored batch's rewards and advantages move.
+
+The batch is the records of one step (their feedback ``components``); every change of a
+slider or toggle rebuilds the :class:`~labkit.credit.reshaping.ReshapeConfig` and
+recomputes, with the library's own functions, composite reward -> normalisation ->
+estimator -> advantage transforms. The table compares each rollout with the starting
+config: reward, advantage and rank inside its group; Kendall's tau per group says how
+much the ranking changed (1 = same order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import ipywidgets as widgets
+import pandas as pd
+import torch
+from traitlets import Instance, List, Unicode
+
+from labkit.config import from_dict
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.reshaping import ReshapeConfig, Reshaper, transform_advantages
+from widgets.errors import shown_in
+from widgets.records import at_step, open_run
+from widgets.tables import frame_html
+
+SLIDERS: tuple[tuple[str, float, float, float], ...] = (
+    ("w_test", 0.0, 2.0, 0.05), ("w_precision", 0.0, 1.0, 0.05), ("w_style", 0.0, 1.0, 0.05),
+    ("w_progress", 0.0, 1.0, 0.05), ("w_hack", 0.0, 2.0, 0.05), ("adv_clip", 0.0, 10.0, 0.5),
+    ("amplify_power", 0.1, 2.0, 0.05), ("focus_threshold", 0.0, 2.0, 0.05),
+)
+"""``(field, min, max, step)`` of each slider (a max widens to fit the starting value)."""
+TOGGLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gate_precision", ("none", "edit", "improved")), ("normalise", ("none", "batch", "running")),
+    ("amplify", ("none", "signed_power", "piecewise")),
+)
+"""``(field, choices)`` of each toggle."""
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "grpo",
+              ) -> pd.DataFrame:
+    """Rewards and advantages of one step's records under ``cfg``, as the trainer would
+    compute them with a fresh :class:`Reshaper`.
+
+    Columns: ``task_id``, ``sample``, ``term/<name>`` (weighted terms), ``reward``
+    (composite), ``reward_norm`` (after ``cfg.normalise``; a stored batch has no running
+    statistics, so ``running`` starts from mean 0, std 1), ``advantage`` (estimator, then
+    ``transform_advantages``) and ``rank`` (1 = best reward in its group, ties share).
+    The precision gate ``improved`` compares with ``record["buggy_r_test"]`` when a record
+    has it, else with 0.
+    """
+    cfg.validate()
+    steps = {r["step"] for r in records}
+    if len(steps) != 1:
+        raise ValueError(f"recompute needs the records of one step; got steps {sorted(steps)}")
+    reshaper = Reshaper(cfg)
+    reshaper.step = max(0, steps.pop() - 1)  # records carry step + 1 (logged after the step)
+    rewards, terms = reshaper.rewards([r["components"] for r in records],
+                                      [r.get("buggy_r_test") for r in records])  # [B]
+    normed, _ = reshaper.normalise(rewards)  # [B]
+    mask = torch.ones(len(records), 1, dtype=normed.dtype)  # [B, 1]: one token per sequence
+    groups = [r["task_id"] for r in records]
+    adv, _ = compute_advantages(estimator, AdvantageInput(normed, groups, mask))  # [B, 1]
+    adv = transform_advantages(adv, cfg)[:, 0]  # [B]
+    frame = pd.DataFrame({"task_id": groups, "sample": [r["sample"] for r in records],
+                          **{f"term/{k}": [t[k] for t in terms] for k in terms[0]},
+                          "reward": rewards.tolist(), "reward_norm": normed.tolist(),
+                          "advantage": adv.tolist()})
+    frame["rank"] = (frame["reward"].round(9).groupby(frame["task_id"])
+                     .rank(ascending=False, method="min").astype(int))
+    return frame
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float], tol: float = 1e-9) -> float:
+    """Kendall's tau-b of two rankings (ties allowed; NaN when one side is all ties):
+    ``sum s_a s_b / sqrt(sum s_a^2 sum s_b^2)`` over pairs, ``s = sign(x_i - x_j)``."""
+    def sign(x: float) -> int:
+        return 0 if abs(x) <= tol else (1 if x > 0 else -1)
+
+    num = den_a = den_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            sa, sb = sign(a[i] - a[j]), sign(b[i] - b[j])
+            num, den_a, den_b = num + sa * sb, den_a + sa * sa, den_b + sb * sb
+    return num / math.sqrt(den_a * den_b) if den_a and den_b else math.nan
+
+
+def compare(start: pd.DataFrame, now: pd.DataFrame) -> pd.DataFrame:
+    """Side by side, one row per rollout: ``reward@start``, ``reward``, ``A@start``, ``A``,
+    ``rank@start``, ``rank`` and ``moved`` (``rank@start - rank``: > 0 moved up)."""
+    keys = ["task_id", "sample"]
+    out = start[keys + ["reward", "advantage", "rank"]].merge(
+        now[keys + ["reward", "advantage", "rank"]], on=keys, suffixes=("@start", ""))
+    out = out.rename(columns={"advantage@start": "A@start", "advantage": "A"})
+    out["moved"] = out["rank@start"] - out["rank"]
+    return out[keys + ["reward@start", "reward", "A@start", "A", "rank@start", "rank", "moved"]]
+
+
+def group_taus(compared: pd.DataFrame) -> pd.Series:
+    """Kendall's tau between the start and current rewards of each group (by ``task_id``)."""
+    return pd.Series({task: kendall_tau(g["reward@start"].tolist(), g["reward"].tolist())
+                      for task, g in compared.groupby("task_id", sort=False)}, dtype=float)
+
+
+def summary_html(compared: pd.DataFrame) -> str:
+    """One line: mean Kendall tau over groups with a defined tau, and how many rollouts moved."""
+    taus = group_taus(compared).dropna()
+    tau = f"{taus.mean():.3f} over {len(taus)} groups" if len(taus) else "undefined (all ties)"
+    moved = int((compared["moved"] != 0).sum())
+    return (f"ranking vs start: mean Kendall tau {tau}; "
+            f"<b>{moved}</b> of {len(compared)} rollouts changed rank")
+
+
+def run_reshape_config(run_dir: str | Path) -> ReshapeConfig:
+    """The ``reshape`` section of a run's ``config.json`` (defaults when there is none)."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        return ReshapeConfig()
+    return from_dict(ReshapeConfig, open_run(run_dir).read_json("config.json").get("reshape", {}))
+
+
+# ----------------------------------------------------------------------------- widget
+
+
+class RewardTuner(widgets.VBox):
+    """Sliders and toggles over a :class:`ReshapeConfig`, recomputing a stored batch at once.
+
+    ``config`` is the live config (the controls write it; setting it moves the controls);
+    ``start`` is the reference the table compares with; ``frame`` is the table shown.
+    """
+
+    records = List(help="One step's rollout records.")
+    config = Instance(ReshapeConfig, help="The config the controls edit.")
+    start = Instance(ReshapeConfig, help="The config the table compares with.")
+    estimator = Unicode("grpo", help="Advantage estimator (labkit.credit.advantages).")
+    frame = Instance(pd.DataFrame, allow_none=True, help="compare(start, config) of the batch.")
+
+    def __init__(self, records: Sequence[Mapping], start: ReshapeConfig | None = None,
+                 estimator: str = "grpo"):
+        start = start or ReshapeConfig()
+        self.controls: dict[str, widgets.ValueWidget] = {
+            **{name: widgets.FloatSlider(description=name, min=lo, max=hi, step=step,
+                                         continuous_update=False)
+               for name, lo, hi, step in SLIDERS},
+            **{name: widgets.ToggleButtons(description=name, options=choices,
+                                           style={"button_width": "90px"})
+               for name, choices in TOGGLES},
+        }
+        self._estimator = widgets.Dropdown(options=ADVANTAGE_ESTIMATORS.names(), value=estimator,
+                                           description="estimator")
+        self._reset = widgets.Button(description="reset to start", icon="undo")
+        self._summary = widgets.HTML()
+        self._table = widgets.HTML()
+        self.out = widgets.Output()
+        grid = widgets.GridBox(list(self.controls.values()),
+                               layout=widgets.Layout(grid_template_columns="repeat(2, 50%)"))
+        super().__init__(children=[grid, widgets.HBox([self._estimator, self._reset]),
+                                   self._summary, self._table, self.out],
+                         records=[dict(r) for r in records], start=start,
+                         config=dataclasses.replace(start), estimator=estimator)
+        self.add_class("labkit-tuner")
+        for name, control in self.controls.items():
+            control.observe(functools.partial(self._on_control, name), names="value")
+        widgets.link((self._estimator, "value"), (self, "estimator"))
+        self._reset.on_click(self._on_reset)
+        self.observe(self._show_config, names="config")
+        self.observe(self._recompute, names=["records", "start", "estimator"])
+        self._show_config()
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, step: int | None = None,
+                 start: ReshapeConfig | None = None, estimator: str = "grpo") -> RewardTuner:
+        """The batch of ``step`` (default: the latest) from ``run_dir/rollouts.jsonl``,
+        starting from ``start`` (default: the run's own reshaping config)."""
+        records = at_step(open_run(run_dir).read("rollouts.jsonl"), step)
+        return cls(records, start or run_reshape_config(run_dir), estimator)
+
+    def _on_control(self, name: str, change: Mapping) -> None:
+        with shown_in(self.out):
+            self.config = dataclasses.replace(self.config, **{name: change["new"]})
+
+    def _on_reset(self, _button: widgets.Button) -> None:
+        self.config = dataclasses.replace(self.start)
+
+    def _show_config(self, _change: Mapping | None = None) -> None:
+        for name, control in self.controls.items():  # a no-op for the control that moved
+            value = getattr(self.config, name)
+            if isinstance(control, widgets.FloatSlider):  # a slider clamps: widen it instead
+                control.min, control.max = min(control.min, value), max(control.max, value)
+            control.value = value
+        self.controls["amplify_power"].disabled = self.config.amplify != "signed_power"
+        self._recompute()
+
+    def _recompute(self, _change: Mapping | None = None) -> None:
+        with shown_in(self.out):
+            self.out.outputs = ()
+            self.frame = compare(recompute(self.records, self.start, self.estimator),
+                                 recompute(self.records, self.config, self.estimator))
+            self._summary.value = summary_html(self.frame)
+            self._table.value = frame_html(self.frame, signed=["A@start", "A"],
+                                           bold_rows=(self.frame["moved"] != 0).tolist(),
+                                           css_class="labkit-table labkit-tuner-table")
