@@ -139,3 +139,17 @@ def test_resume_after_sigkill_matches_uninterrupted_run(toy_model_dir, tmp_path)
     resumed = _strip_time([json.loads(l) for l in metrics.read_text().splitlines()])
     assert [r["step"] for r in resumed] == list(range(1, steps + 1))  # none lost, none doubled
     assert resumed == full
+
+
+def test_didpo_estimator_runs_in_the_trainer_and_logs_anchors(toy_model_dir, tmp_path):
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1)
+    cfg.estimator = "didpo"
+    cfg.estimator_options = {"lam": 1.0}
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    row = tr.train_step()
+    tr.close()
+    assert "anchors/count" in row
+    anchors = tr.run.read("anchors.jsonl")
+    assert len(anchors) == row["anchors/count"]
+    if anchors:  # rollouts sharing an edited line: some tokens get A_E + lambda * A_D
+        assert {"gs", "members", "n", "step", "task_id"} <= set(anchors[0])

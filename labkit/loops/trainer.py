@@ -107,6 +107,10 @@ class TrainConfig:
     steps: int = 100
     tasks_per_step: int = 8
     estimator: str = "grpo"
+    """Advantage estimator by name: grpo, dr_grpo, rloo, batch_norm, didpo (and its
+    ablations didpo_no_ae, didpo_no_ad, didpo_whole_diff, didpo_additive_gs)."""
+    estimator_options: dict = field(default_factory=dict)
+    """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tasks: TaskConfig = field(default_factory=TaskConfig)
@@ -304,10 +308,10 @@ class Trainer:
         norm_rewards, norm_info = self.reshaper.normalise(rewards)
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
         mask = batch["completion_mask"]
+        extra = {"rollouts": rollouts, "tasks": task_of, "feedback": fb}
         adv, adv_metrics = compute_advantages(
             cfg.estimator, AdvantageInput(norm_rewards.to(mask.dtype), [r.task_id for r in rollouts],
-                                          mask.cpu(), extra={"rollouts": rollouts, "tasks": task_of,
-                                                             "feedback": fb}))
+                                          mask.cpu(), extra=extra), **cfg.estimator_options)
         adv = transform_advantages(adv, cfg.reshape).to(mask.device) * mask
         timings["time/reward"] = time.time() - t0
 
@@ -346,6 +350,7 @@ class Trainer:
         if self.is_main:
             self.run.append("metrics.jsonl", row)
             self._log_rollouts(records)
+            self._log_anchors(extra.get("anchors"))
         self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
 
@@ -442,6 +447,7 @@ class Trainer:
                         "code_start": r.code_start, "offsets": [list(o) for o in r.offsets],
                         "token_ids": r.completion_ids, "logprobs": r.logprobs,
                         "components": f.components, "reward": float(rewards[b]),
+                        "buggy_r_test": self._buggy_r_test.get(r.task_id),
                         "advantages": adv[b, :r.n_tokens].tolist(), "status": f.result.status.value,
                         "flags": list(f.hack_flags)})
         return out
@@ -454,6 +460,16 @@ class Trainer:
         flagged = [r for r in records[len(keep):] if r["flags"]]  # always keep flagged samples
         for rec in keep + flagged:
             self.run.append("rollouts.jsonl", rec)
+
+    def _log_anchors(self, anchors_by_task: dict | None) -> None:
+        """DiDPO anchors of this step (when the estimator built them) to anchors.jsonl."""
+        if not anchors_by_task:
+            return
+        from labkit.credit.anchors import anchor_records
+
+        for task_id, anchors in anchors_by_task.items():
+            for rec in anchor_records(anchors, step=self.step, task_id=task_id):
+                self.run.append("anchors.jsonl", rec)
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_dir(self, step: int) -> Path:
@@ -519,7 +535,7 @@ class Trainer:
             self.curriculum.load_state_dict(state["curriculum"])
         self._buggy_r_test = dict(state["buggy_r_test"])
         self.step = int(state["step"])
-        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl"):
+        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
             self.run.truncate_after(name, self.step)
         return self.step
 
