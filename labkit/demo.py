@@ -1,9 +1,13 @@
 """The lab's main job, as far as the project has built it.
 
-Today (environment floor only): bug-injected HumanEval tasks, their buggy and reference
-programs plus a few reward hacks executed in the sandbox, and every feedback component
-for each, written to ``runs/lab-<timestamp>/``. Later floors (policy, trainer, notebooks)
-extend this into the papermill run of the whole notebook sequence.
+1. The environment floor: bug-injected HumanEval tasks, their buggy and reference
+   programs plus a few reward hacks executed in the sandbox, and every feedback component
+   for each.
+2. The policy floor, when the embedded tiny model is present: sampled fixes for held-out
+   synthetic tasks, executed, with pass@1 / pass@k.
+
+Everything is written to ``runs/lab-<timestamp>/``. The notebook sequence (run headless
+with papermill) will replace this once the notebooks exist.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def environment_demo(n: int = 24, seed: int = 0, out_root: str | Path = "runs") 
     out = Path(out_root) / time.strftime("lab-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     print("labkit lab: the environment floor (tasks, bug injection, sandbox, feedback).")
-    print("  The policy, trainer and notebook floors are not built yet; this run shows what exists.")
+    print("  The notebooks are not built yet; this run shows the floors that exist.")
 
     tasks = load_tasks("humaneval", n=n, seed=seed)
     rows = []
@@ -71,8 +75,33 @@ def environment_demo(n: int = 24, seed: int = 0, out_root: str | Path = "runs") 
         "seconds": round(time.time() - started, 2),
         "out": str(out),
     }
+    summary.update(policy_demo(out, seed=seed))
+    summary["seconds"] = round(time.time() - started, 2)
     (out / "feedback.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"  wrote {out}/feedback.jsonl and summary.json")
     print(json.dumps(summary))
     return 0 if summary["hacks_rewarded"] == 0 else 1
+
+
+def policy_demo(out: Path, n: int = 12, k: int = 4, seed: int = 0) -> dict:
+    """Sample ``k`` fixes per held-out synthetic task with the tiny model and run them."""
+    from labkit.env.tasks import load_tasks
+    from labkit.policy.evaluate import EvalConfig, evaluate
+    from labkit.policy.loading import PolicyLoadError, load_policy
+
+    try:
+        policy = load_policy("tiny", reference="none")
+    except PolicyLoadError as e:
+        print(f"labkit lab: policy floor skipped: {e}")
+        return {"policy": None}
+    print(f"labkit lab: the policy floor: {policy}")
+    tasks = load_tasks("synthetic", split="test", n=n, seed=seed)
+    rep = evaluate(policy, tasks, EvalConfig(k=k, greedy=False))
+    best = next((p for p in rep["per_task"] if p["correct"]), None)
+    print(f"  {len(tasks)} held-out synthetic tasks x {k} samples: pass@1 {rep['pass_at_1']:.3f}, "
+          f"pass@{k} {rep[f'pass_at_{k}']:.3f}, copies of the buggy code {rep['copy_rate']:.2f}")
+    if best:
+        print(f"  e.g. {best['task_id']}: {best['correct']}/{k} samples pass")
+    (out / "policy_eval.json").write_text(json.dumps({k2: v for k2, v in rep.items()}, indent=2))
+    return {"policy": "tiny", "policy_pass_at_1": rep["pass_at_1"], f"policy_pass_at_{k}": rep[f"pass_at_{k}"]}
