@@ -1,0 +1,786 @@
+"""Counterfactual forking: what if the policy had written another token at step t?
+
+The "counterfactual forking" reading of DiDPO (``/work/shared/notes/methods.md`` section 1;
+it is *not* in the paper's released code): at a chosen step ``t`` of a factual completion
+``y`` of prompt ``x``, a baseline policy ``b`` (the EMA copy) proposes an alternative token
+``a != y_t``, the current policy ``pi`` continues from there, and the step's credit is
+
+    dR_t = R(x, y) - R(x, y_<t a y'),    y' ~ pi(. | x, y_<t, a).
+
+This module makes such forks cheaply, keeps their lineage, and builds the *edit-level*
+counterfactuals (revert one hunk of a candidate's diff, re-run the tests) that serve as
+the ground truth credit estimators are compared against. Estimators themselves live in
+:mod:`labkit.credit`.
+
+Cost. A fork shares ``x y_<t`` with its parent, whose keys and values already exist: from
+sampling (:func:`labkit.policy.rollout.sample_with_cache`) or from one batched forward over
+the factual sequences (:func:`factual_cache`). So a fork's prefill is one position (``y_{t-1}``
+again, for ``pi``'s logits at ``t``) instead of ``|x| + t``, and all forks of a batch decode
+together in one ``generate`` call whose cache is cut out of the parents' rows and
+left-padded to a common width (:func:`gather_prefix`) into a static cache (allocated once
+per batch, so a decode step writes one column instead of concatenating the cache anew).
+:func:`continue_forks` with ``kv=None`` re-encodes every prefix instead: the naive reference
+that tests and ``labkit.bench.fork`` compare against. ``docs/forking.md`` has the numbers.
+
+Pieces, top to bottom: where to fork (a registry of position strategies), what to put
+there (:func:`propose_alternatives`), the batched continuation (:func:`continue_forks`),
+all three at once (:func:`fork`), then diff hunks and :func:`hunk_effects`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from labkit.env.records import Candidate, RepairTask, SandboxResult
+from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout,
+                                   sequence_logprobs, stop_token_ids, strip_completion)
+from labkit.seeding import derive_seed
+
+
+@dataclass
+class ForkConfig:
+    """How forks are proposed and continued."""
+
+    temperature: float = 0.7
+    """T of both the baseline's proposal ``softmax(z_b / T)`` and the continuation. Must be
+    the parents' sampling temperature: a fork's log-probs on the shared prefix are the
+    parent's, and all of a rollout's log-probs refer to one ``log softmax(z / T)``."""
+    top_p: float = 1.0
+    """Nucleus of the proposal and of the continuation."""
+    greedy: bool = False
+    """Argmax instead of sampling, for the alternative (``argmax_{a != y_t} z_b``) and the
+    continuation: reproducible forks for tests and benchmarks."""
+    max_new_tokens: int = 256
+    """Completion budget shared with the parent: ``t + 1 + len(continuation) <= this``, so a
+    fork is never longer than its parent could have been."""
+    stop_strings: tuple[str, ...] = ("\n###",)
+    """Stop strings besides EOS, as in :class:`~labkit.policy.rollout.SamplingConfig`."""
+    batch_size: int = 64
+    """Forks per ``generate`` call, and parents per baseline or cache-building forward."""
+    seed: int = 0
+
+    @classmethod
+    def from_sampling(cls, sampling: SamplingConfig, **overrides) -> ForkConfig:
+        """The fork settings matching how the parents were sampled."""
+        shared = ("temperature", "top_p", "max_new_tokens", "stop_strings", "batch_size", "seed")
+        return cls(**{name: getattr(sampling, name) for name in shared} | overrides)
+
+    def validate(self) -> None:
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError("temperature must be > 0 and top_p in (0, 1] (greedy=True for argmax)")
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be >= 1")
+
+
+# ============================================================================= positions
+
+
+class PositionStrategy(str, enum.Enum):
+    UNIFORM = "uniform"
+    DIFF = "diff"
+    ENTROPY = "entropy"
+
+
+@dataclass(frozen=True)
+class PositionInputs:
+    """What a position strategy may look at besides the rollout itself."""
+
+    buggy_code: str | None = None
+    """The program the completion repairs (``diff``)."""
+    entropy: Sequence[float] | None = None
+    """The current policy's entropy at each completion token (``entropy``)."""
+
+
+PositionFn = Callable[[Rollout, int, random.Random, PositionInputs], list[int]]
+POSITION_STRATEGIES: dict[str, PositionFn] = {}
+
+
+def register_positions(name: str | PositionStrategy) -> Callable[[PositionFn], PositionFn]:
+    """Register ``fn(rollout, k, rng, inputs) -> sorted distinct positions (at most k)``."""
+    key = name.value if isinstance(name, PositionStrategy) else name
+
+    def add(fn: PositionFn) -> PositionFn:
+        if POSITION_STRATEGIES.get(key, fn) is not fn:
+            raise ValueError(f"position strategy {key!r} is already registered")
+        POSITION_STRATEGIES[key] = fn
+        return fn
+
+    return add
+
+
+@register_positions(PositionStrategy.UNIFORM)
+def uniform_positions(rollout: Rollout, k: int, rng: random.Random,
+                      inputs: PositionInputs) -> list[int]:
+    """``k`` of the ``n`` completion steps, uniformly without replacement (the default: an
+    unbiased sub-sample of the steps, so ``E[sum_sampled dR_t] = (k / n) sum_t dR_t``)."""
+    return sorted(rng.sample(range(rollout.n_tokens), min(k, rollout.n_tokens)))
+
+
+@register_positions(PositionStrategy.DIFF)
+def diff_positions(rollout: Rollout, k: int, rng: random.Random,
+                   inputs: PositionInputs) -> list[int]:
+    """``k`` steps drawn uniformly from the tokens inside the completion's edit, i.e. the
+    lines of its code that differ from the buggy code (:func:`changed_tokens`); none for a
+    completion that copies the buggy code."""
+    if inputs.buggy_code is None:
+        raise ValueError("the 'diff' position strategy needs the buggy code of each task")
+    candidates = changed_tokens(rollout, inputs.buggy_code)
+    return sorted(rng.sample(candidates, min(k, len(candidates))))
+
+
+@register_positions(PositionStrategy.ENTROPY)
+def entropy_positions(rollout: Rollout, k: int, rng: random.Random,
+                      inputs: PositionInputs) -> list[int]:
+    """The ``k`` steps where the current policy was least sure, ``H_t = -sum_v p_t(v) log
+    p_t(v)`` largest (ties: the earlier step). Deterministic; ``rng`` is unused."""
+    if inputs.entropy is None or len(inputs.entropy) < rollout.n_tokens:
+        raise ValueError("the 'entropy' position strategy needs one entropy per completion "
+                         "token (token_entropy)")
+    order = sorted(range(rollout.n_tokens), key=lambda i: (-inputs.entropy[i], i))
+    return sorted(order[:k])
+
+
+@dataclass
+class PositionConfig:
+    """Which steps of each rollout to fork."""
+
+    strategy: str = PositionStrategy.UNIFORM.value
+    """A key of :data:`POSITION_STRATEGIES`."""
+    fraction: float = 0.2
+    """Forks per completion step: ``k = ceil(fraction * n)`` (the reading's ~20% sub-sampling)."""
+    budget: int = 32
+    """At most this many forks per rollout (``k = min(k, budget)``): bounds the cost of long
+    completions, at the price of sampling them more sparsely."""
+    seed: int = 0
+
+
+def fork_count(n_tokens: int, fraction: float, budget: int) -> int:
+    """``k = min(budget, ceil(fraction * n))``, 0 for an empty completion."""
+    return min(budget, math.ceil(fraction * n_tokens)) if n_tokens else 0
+
+
+def choose_positions(rollouts: Sequence[Rollout], config: PositionConfig | None = None, *,
+                     buggy_code: Mapping[str, str] | None = None,
+                     entropy: Sequence[Sequence[float]] | None = None) -> list[list[int]]:
+    """Fork positions for each rollout (sorted, distinct, in ``[0, n_tokens)``).
+
+    ``buggy_code`` maps task ids to the buggy program (strategy ``diff``); ``entropy[i]`` is
+    rollout ``i``'s per-token entropy (strategy ``entropy``, see :func:`token_entropy`).
+    Deterministic: rollout ``(task_id, sample)`` draws from its own stream of ``config.seed``.
+    """
+    cfg = config or PositionConfig()
+    if cfg.strategy not in POSITION_STRATEGIES:
+        raise ValueError(f"unknown position strategy {cfg.strategy!r}; "
+                         f"registered: {sorted(POSITION_STRATEGIES)}")
+    fn = POSITION_STRATEGIES[cfg.strategy]
+    out = []
+    for i, r in enumerate(rollouts):
+        rng = random.Random(derive_seed(cfg.seed, "fork-positions", r.task_id, r.sample))
+        inputs = PositionInputs(buggy_code=buggy_code.get(r.task_id) if buggy_code else None,
+                                entropy=entropy[i] if entropy is not None else None)
+        out.append(fn(r, fork_count(r.n_tokens, cfg.fraction, cfg.budget), rng, inputs))
+    return out
+
+
+@torch.no_grad()
+def token_entropy(model, rollouts: Sequence[Rollout], pad_id: int, temperature: float = 1.0,
+                  batch_size: int = 64) -> list[list[float]]:
+    """``H_t = -sum_v p(v) log p(v)``, ``p = softmax(z_t / T)``, at every completion token of
+    every rollout: teacher-forced forwards of ``batch_size`` rollouts (``[b, T, V]`` logits)."""
+    device = next(model.parameters()).device
+    out: list[list[float]] = []
+    for c0 in range(0, len(rollouts), batch_size):
+        chunk = rollouts[c0:c0 + batch_size]
+        _, ent = sequence_logprobs(model, collate(chunk, pad_id, device), temperature,
+                                   with_entropy=True)  # [b, T]
+        out += [ent[b, :r.n_tokens].tolist() for b, r in enumerate(chunk)]
+    return out
+
+
+# ============================================================================= alternatives
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The baseline's alternative token for step ``t`` of ``rollouts[parent]``."""
+
+    parent: int
+    t: int
+    factual: int
+    alt: int
+    """Differs from ``factual`` unless the baseline gives every other token probability 0."""
+    logp_alt: float
+    """``log b(alt | x, y_<t)`` at the proposal temperature (before top-p and exclusion)."""
+    logp_factual: float
+    """``log b(y_t | x, y_<t)``, same distribution."""
+
+
+def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The nucleus: per row, the smallest set of most likely tokens whose mass reaches
+    ``top_p`` (a token is kept when the mass strictly before it is ``< top_p``). ``[N, V]``
+    probabilities -> ``[N, V]`` bool."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
+    before = sorted_p.cumsum(-1) - sorted_p  # [N, V] mass strictly before each token
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+
+
+def alternative_probs(logits: torch.Tensor, factual: torch.Tensor, temperature: float,
+                      top_p: float = 1.0, banned: Sequence[int] = ()) -> torch.Tensor:
+    """The proposal ``q(a) = p(a) [a != y, a not banned] / Z`` over the nucleus of
+    ``p = softmax(z / T)``, i.e. the baseline's distribution conditioned on differing from
+    the factual token ``y``.
+
+    Rows whose nucleus holds nothing but ``y`` (and banned tokens) fall back to all of ``p``;
+    rows where even that has no mass keep ``q = onehot(y)``. ``logits [N, V]``,
+    ``factual [N]`` -> ``[N, V]`` rows summing to 1.
+    """
+    p = torch.softmax(logits.float() / temperature, dim=-1)  # [N, V]
+    allowed = torch.ones_like(p, dtype=torch.bool)
+    allowed[:, list(banned)] = False
+    allowed.scatter_(-1, factual[:, None], False)
+    q = p * (allowed & top_p_mask(p, top_p))  # [N, V]
+    empty = q.sum(-1) <= 0  # [N]
+    q[empty] = p[empty] * allowed[empty]
+    stuck = q.sum(-1) <= 0  # [N]
+    q[stuck] = F.one_hot(factual[stuck], p.shape[-1]).to(q.dtype)
+    return q / q.sum(-1, keepdim=True)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int,
+             device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-aligned sequences: ``ids``, ``attention_mask`` and ``position_ids``
+    (``cumsum(mask) - 1``, as ``generate`` computes them), each ``[B, max_len]``."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        if s:
+            ids[b, width - len(s):] = torch.tensor(list(s))
+            mask[b, width - len(s):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _sites(positions: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(parent, t) pairs, parent-major, t ascending."""
+    return [(i, t) for i, ts in enumerate(positions) for t in sorted(set(ts))]
+
+
+def _prefix_needs(rollouts: Sequence[Rollout], sites: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """Per parent, ``|x| + max t``: the longest prefix ``x y_<t`` any of its forks shares."""
+    need: dict[int, int] = {}
+    for i, t in sites:
+        need[i] = max(need.get(i, 0), len(rollouts[i].prompt_ids) + t)
+    return need
+
+
+def cache_lengths(rollouts: Sequence[Rollout], proposals: Sequence[Proposal]) -> dict[int, int]:
+    """Per parent, how many of its tokens the forks' caches need: ``|x| + max t - 1`` (its
+    longest forked prefix ``x y_<t`` but the last token, which each fork feeds again)."""
+    need = _prefix_needs(rollouts, [(p.parent, p.t) for p in proposals])
+    return {i: n - 1 for i, n in need.items()}
+
+
+@torch.no_grad()
+def propose_alternatives(baseline, rollouts: Sequence[Rollout],
+                         positions: Sequence[Sequence[int]], config: ForkConfig,
+                         pad_id: int) -> list[Proposal]:
+    """``a ~ q`` of :func:`alternative_probs` with ``z = z_b(. | x, y_<t)`` at every site
+    (``argmax q`` when ``config.greedy``); ``pad_id`` is never proposed.
+
+    The baseline encodes each parent once, up to its last fork (``x y_<max t``), in batches
+    of ``config.batch_size`` parents; only the rows at fork sites reach the LM head.
+    """
+    sites = _sites(positions)
+    if not sites:
+        return []
+    for i, t in sites:
+        if not 0 <= t < rollouts[i].n_tokens:
+            raise ValueError(f"fork position {t} is outside rollout {i}'s "
+                             f"{rollouts[i].n_tokens} completion tokens")
+    device = next(baseline.parameters()).device
+    need = _prefix_needs(rollouts, sites)
+    parents = sorted(need)
+    gen = torch.Generator(device=device).manual_seed(derive_seed(config.seed, "fork-alternatives"))
+    was_training = baseline.training
+    baseline.eval()
+    out: list[Proposal] = []
+    for c0 in range(0, len(parents), config.batch_size):
+        chunk = parents[c0:c0 + config.batch_size]
+        row_of = {p: b for b, p in enumerate(chunk)}
+        seqs = [(rollouts[p].prompt_ids + rollouts[p].completion_ids)[:need[p]] for p in chunk]
+        ids, mask, pos = left_pad(seqs, pad_id, device)  # [b, S]
+        width = ids.shape[1]
+        chunk_sites = [(i, t) for i, t in sites if i in row_of]
+        # the logits predicting y_t sit at the column of x y_<t's last token
+        keep = torch.zeros((len(chunk), width), dtype=torch.bool)  # [b, S]
+        keep[[row_of[i] for i, _ in chunk_sites],
+             [width - need[i] + len(rollouts[i].prompt_ids) + t - 1 for i, t in chunk_sites]] = True
+        logits = baseline(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                          logits_to_keep=keep.to(device)).logits.float()  # [n, V], row-major
+        factual = torch.tensor([rollouts[i].completion_ids[t] for i, t in chunk_sites],
+                               device=device)  # [n]
+        q = alternative_probs(logits, factual, config.temperature, config.top_p,
+                              banned=[pad_id])  # [n, V]
+        alt = q.argmax(-1) if config.greedy else torch.multinomial(q, 1, generator=gen)[:, 0]
+        logp = torch.log_softmax(logits / config.temperature, dim=-1)  # [n, V]
+        lp_alt = logp.gather(-1, alt[:, None])[:, 0].tolist()
+        lp_fac = logp.gather(-1, factual[:, None])[:, 0].tolist()
+        out += [Proposal(parent=i, t=t, factual=int(y), alt=int(a), logp_alt=la, logp_factual=lf)
+                for (i, t), y, a, la, lf in zip(chunk_sites, factual.tolist(), alt.tolist(),
+                                                lp_alt, lp_fac)]
+    baseline.train(was_training)
+    return out
+
+
+# ============================================================================= prefix caches
+
+
+def _full_attention_layers(cache) -> list:
+    from transformers.cache_utils import DynamicLayer
+
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise ValueError(f"prefix reuse needs full-attention DynamicLayer caches, got {kinds}: "
+                         "a sliding-window or recurrent layer cannot be cut at any prefix")
+    return cache.layers
+
+
+def gather_prefix(rows: Sequence[KVRow], lengths: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values of the first ``lengths[j]`` tokens of ``rows[j]``,
+    right-aligned in one batch (``[F, H_kv, W, D]``, ``W = max L``):
+
+        out[j, :, W - L_j + c] = src_j[row_j, :, offset_j + c],   0 <= c < L_j,
+
+    zeros left of ``W - L_j`` (padding, hidden by the attention mask). A copy: the parents'
+    caches are left as they are. One slice copy per fork and layer (faster on CPU than one
+    advanced-indexing gather, which materialises an index per element).
+    """
+    width = max(lengths)
+    sources = [_full_attention_layers(r.cache) for r in rows]
+    for r, n, layers in zip(rows, lengths, sources):
+        if r.offset < 0 or r.offset + n > layers[0].keys.shape[2]:
+            raise ValueError(f"row {r.row} of a {layers[0].keys.shape[2]}-column cache holds no "
+                             f"{n} tokens from column {r.offset}")
+    out = []
+    for i, layer in enumerate(sources[0]):
+        k_out = layer.keys.new_zeros((len(rows), layer.keys.shape[1], width, layer.keys.shape[-1]))
+        v_out = layer.values.new_zeros((len(rows), layer.values.shape[1], width,
+                                        layer.values.shape[-1]))  # [F, H_kv, W, D]
+        for j, (r, n) in enumerate(zip(rows, lengths)):
+            k_out[j, :, width - n:] = sources[j][i].keys[r.row, :, r.offset:r.offset + n]
+            v_out[j, :, width - n:] = sources[j][i].values[r.row, :, r.offset:r.offset + n]
+        out.append((k_out, v_out))
+    return out
+
+
+@torch.no_grad()
+def factual_cache(model, rollouts: Sequence[Rollout], lengths: Mapping[int, int], pad_id: int,
+                  batch_size: int = 64) -> tuple[dict[int, KVRow], int]:
+    """Keys and values of ``(prompt_ids + completion_ids)[:lengths[i]]`` for each rollout
+    ``i`` in ``lengths``, by one batched forward per ``batch_size`` rollouts (the path for
+    rollouts sampled without :func:`~labkit.policy.rollout.sample_with_cache`).
+
+    Returns ``{i: KVRow}`` and the number of positions encoded, ``sum_i lengths[i]``.
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    parents = sorted(i for i, n in lengths.items() if n > 0)
+    out: dict[int, KVRow] = {}
+    for c0 in range(0, len(parents), batch_size):
+        chunk = parents[c0:c0 + batch_size]
+        seqs = [(rollouts[i].prompt_ids + rollouts[i].completion_ids)[:lengths[i]] for i in chunk]
+        ids, mask, pos = left_pad(seqs, pad_id, device)  # [b, S]
+        cache = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                      logits_to_keep=1).cache
+        out |= {i: KVRow(cache=cache, row=b, offset=ids.shape[1] - len(s))
+                for b, (i, s) in enumerate(zip(chunk, seqs))}
+    model.train(was_training)
+    return out, sum(lengths[i] for i in parents)
+
+
+# ============================================================================= continuation
+
+
+@dataclass
+class Fork:
+    """One counterfactual completion and its lineage."""
+
+    task_id: str
+    parent_sample: int
+    """The parent is the rollout ``(task_id, parent_sample)``."""
+    t: int
+    """The forked step: ``rollout.completion_ids[:t]`` is the parent's."""
+    factual_token: int
+    alt_token: int
+    logp_alt_baseline: float
+    """``log b(alt | x, y_<t)`` (see :class:`Proposal`)."""
+    logp_factual_baseline: float
+    rollout: Rollout
+    """``y_<t a y'``, a full record (ids, log-probs under ``pi``, text, code, offsets) ready
+    for the sandbox; its ``logprobs[t]`` is ``log pi(a | x, y_<t)``."""
+
+    @property
+    def differs(self) -> bool:
+        return self.alt_token != self.factual_token
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rollout"}
+        return d | {"rollout": self.rollout.to_dict()}
+
+
+@dataclass
+class ForkStats:
+    """What a batch of forks cost. Positions are real tokens (padding not counted)."""
+
+    forks: int = 0
+    prefix_positions: int = 0
+    """``sum_j |x_j| + t_j``: the shared prefixes, what naive regeneration re-encodes."""
+    recomputed_positions: int = 0
+    """Prefix positions the current policy encoded again: with reuse, one per fork (``y_{t-1}``,
+    for ``pi``'s logits at ``t``) plus a :func:`factual_cache` forward if one was needed;
+    naive: all of ``prefix_positions``."""
+    baseline_positions: int = 0
+    """Positions the baseline encoded to propose the alternatives (the same either way)."""
+    generated_tokens: int = 0
+    """Continuation tokens kept (after the alternative)."""
+    proposal_s: float = 0.0
+    cache_s: float = 0.0
+    """The :func:`factual_cache` forward (0 when the cache came from sampling)."""
+    prefill_s: float = 0.0
+    """Cache assembly and the one-position forward, or the naive re-encoding."""
+    decode_s: float = 0.0
+    """``generate`` and the records."""
+
+    @property
+    def recomputed_fraction(self) -> float:
+        return self.recomputed_positions / max(self.prefix_positions, 1)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"recomputed_fraction": self.recomputed_fraction}
+
+
+@dataclass
+class ForkBatch:
+    """The forks of one call and what they cost."""
+
+    forks: list[Fork] = field(default_factory=list)
+    """In proposal order: parent by parent, ``t`` ascending."""
+    stats: ForkStats = field(default_factory=ForkStats)
+
+
+class _RowBudget:
+    """Stopping criterion: row ``j`` is done after ``budget[j]`` tokens beyond ``start``."""
+
+    def __init__(self, start: int, budget: torch.Tensor):
+        self.start, self.budget = start, budget  # budget: [F]
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return (input_ids.shape[1] - self.start) >= self.budget  # [F]
+
+
+@torch.no_grad()
+def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Proposal],
+                   config: ForkConfig, *, kv: Mapping[int, KVRow] | Sequence[KVRow] | None
+                   ) -> ForkBatch:
+    """The current policy's continuations ``y' ~ pi(. | x, y_<t, a)`` of every proposal.
+
+    Forks are sorted by ``t`` (then by prefix length ``L = |x| + t``), so that the rows of a
+    batch have similar budgets and few decode steps are spent on finished rows, and decoded
+    ``config.batch_size`` at a time in one ``generate`` call each, from a cache holding
+    ``x y_<t`` right-aligned:
+
+    * ``kv`` given (``kv[parent]`` locates the parent's keys and values): the cache is cut out
+      of the parents' rows (:func:`gather_prefix`, ``L - 1`` columns) and one forward
+      of the ``[F, 1]`` tokens ``y_{t-1}`` completes it and yields ``pi``'s logits at ``t``;
+    * ``kv=None``: every prefix is re-encoded by one ``[F, W]`` forward (the naive reference).
+
+    ``generate`` then feeds only ``a``. Each fork may write ``config.max_new_tokens - t - 1``
+    tokens; under ``config.greedy`` both ways give the same tokens.
+    """
+    from transformers import StaticCache, StoppingCriteriaList
+
+    config.validate()
+    if any(abs(rollouts[p.parent].temperature - config.temperature) > 1e-9 for p in proposals):
+        raise ValueError("forks continue at the temperature their parents were sampled at "
+                         "(ForkConfig.from_sampling); the shared prefix keeps the parent's log-probs")
+    model, tok = policy.model, policy.tokenizer
+    pad_id = tok.pad_token_id
+    eos_ids = stop_token_ids(model, tok)
+    was_training = model.training
+    model.eval()
+    torch.manual_seed(config.seed)
+    stats = ForkStats(forks=len(proposals))
+    prefix_len = [len(rollouts[p.parent].prompt_ids) + p.t for p in proposals]
+    order = sorted(range(len(proposals)), key=lambda j: (proposals[j].t, prefix_len[j], j))
+    forks: list[Fork | None] = [None] * len(proposals)
+    for c0 in range(0, len(order), config.batch_size):
+        chunk = order[c0:c0 + config.batch_size]
+        props = [proposals[j] for j in chunk]
+        parents = [rollouts[p.parent] for p in props]
+        lengths = [prefix_len[j] for j in chunk]
+        prefixes = [(r.prompt_ids + r.completion_ids)[:n] for r, n in zip(parents, lengths)]
+        ids, mask, pos = left_pad(prefixes, pad_id, policy.device)  # [F, W]
+        width = ids.shape[1]
+        budget = [max(config.max_new_tokens - p.t - 1, 0) for p in props]
+        stats.prefix_positions += sum(lengths)
+
+        # ---- prefill: a cache of x y_<t and pi's logits at t. The cache is static (its
+        # columns allocated for the whole decode), so decoding writes one column a step
+        # instead of concatenating the whole cache anew.
+        t0 = time.perf_counter()
+        cache = StaticCache(config=model.config, max_cache_len=width + max(budget) + 1)
+        if kv is not None:
+            prefix = gather_prefix([kv[p.parent] for p in props], [n - 1 for n in lengths])
+            for layer, (k, v) in zip(cache.layers, prefix):
+                layer.update(k, v)
+            out = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
+                        cache=cache, use_cache=True, logits_to_keep=1)
+            stats.recomputed_positions += len(chunk)
+        else:
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                        use_cache=True, logits_to_keep=1)
+            stats.recomputed_positions += sum(lengths)
+        logp_t = torch.log_softmax(out.logits[:, -1].float() / config.temperature, dim=-1)  # [F, V]
+        stats.prefill_s += time.perf_counter() - t0
+
+        # ---- decode: a, then the continuation
+        t0 = time.perf_counter()
+        alt = torch.tensor([p.alt for p in props], device=policy.device)  # [F]
+        new = torch.empty((len(chunk), 0), dtype=torch.long)  # [F, T']
+        new_logp = torch.empty((len(chunk), 0))  # [F, T']
+        if max(budget) > 0:
+            sampling = ({"do_sample": False} if config.greedy else
+                        {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p})
+            gen = model.generate(
+                input_ids=torch.cat([ids, alt[:, None]], dim=1),  # [F, W + 1]
+                attention_mask=torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1),
+                cache=cache, max_new_tokens=max(budget), pad_token_id=pad_id,
+                stopping_criteria=StoppingCriteriaList(
+                    [_RowBudget(width + 1, torch.tensor(budget, device=policy.device))]),
+                stop_strings=list(config.stop_strings) or None, tokenizer=tok,
+                output_logits=True, return_dict_in_generate=True, disable_compile=True,
+                **sampling)
+            new = gen.sequences[:, width + 1:]  # [F, T']
+            scores = torch.stack(gen.logits, dim=1).float() / config.temperature  # [F, T', V]
+            new_logp = torch.log_softmax(scores, -1).gather(-1, new[..., None])[..., 0]  # [F, T']
+            new, new_logp = new.cpu(), new_logp.cpu()
+        lp_alt = logp_t.gather(-1, alt[:, None])[:, 0].tolist()
+        for row, (j, p, parent) in enumerate(zip(chunk, props, parents)):
+            kept = new[row, :budget[row]].tolist()
+            ids_new, eos_seen = strip_completion([p.alt] + kept, pad_id, eos_ids)
+            lps = [lp_alt[row]] + new_logp[row, :len(ids_new) - 1].tolist()
+            stats.generated_tokens += len(ids_new) - 1
+            forks[j] = Fork(
+                task_id=parent.task_id, parent_sample=parent.sample, t=p.t,
+                factual_token=p.factual, alt_token=p.alt, logp_alt_baseline=p.logp_alt,
+                logp_factual_baseline=p.logp_factual,
+                rollout=make_rollout(
+                    tok, task_id=parent.task_id, sample=parent.sample, prompt=parent.prompt,
+                    prompt_ids=parent.prompt_ids,
+                    completion_ids=parent.completion_ids[:p.t] + ids_new,
+                    logprobs=parent.logprobs[:p.t] + lps, eos_seen=eos_seen,
+                    stop_strings=config.stop_strings, temperature=config.temperature,
+                    meta={"fork_of": [parent.task_id, parent.sample], "fork_t": p.t}))
+        stats.decode_s += time.perf_counter() - t0
+    model.train(was_training)
+    return ForkBatch(forks=forks, stats=stats)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def fork(policy, rollouts: Sequence[Rollout], positions: Sequence[Sequence[int]],
+         config: ForkConfig | None = None, *, kv: Sequence[KVRow] | None = None,
+         baseline=None) -> ForkBatch:
+    """Fork ``rollouts[i]`` at every ``t`` in ``positions[i]``.
+
+    ``baseline`` proposes the alternatives (default ``policy.baseline()``, the EMA copy; any
+    causal LM sharing the tokenizer works). ``kv`` are the rows of
+    :func:`~labkit.policy.rollout.sample_with_cache`, aligned with ``rollouts``; without them
+    one batched :func:`factual_cache` forward per ``config.batch_size`` parents encodes each
+    parent up to its last fork (counted in ``stats.recomputed_positions``).
+    """
+    cfg = config or ForkConfig()
+    cfg.validate()
+    pad_id = policy.tokenizer.pad_token_id
+    baseline = policy.baseline() if baseline is None else baseline
+    t0 = time.perf_counter()
+    proposals = propose_alternatives(baseline, rollouts, positions, cfg, pad_id)
+    proposal_s = time.perf_counter() - t0
+    lengths = cache_lengths(rollouts, proposals)
+    cache_positions, cache_s = 0, 0.0
+    if kv is None:
+        t0 = time.perf_counter()
+        kv, cache_positions = factual_cache(policy.model, rollouts, lengths, pad_id, cfg.batch_size)
+        cache_s = time.perf_counter() - t0
+    batch = continue_forks(policy, rollouts, proposals, cfg, kv=kv)
+    batch.stats = dataclasses.replace(
+        batch.stats, proposal_s=proposal_s, cache_s=cache_s,
+        baseline_positions=sum(n + 1 for n in lengths.values()),
+        recomputed_positions=batch.stats.recomputed_positions + cache_positions)
+    return batch
+
+
+# ============================================================================= edit-level counterfactuals
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One maximal run of changed lines between a buggy program and a candidate.
+
+    Line ranges are 0-based and half-open: the candidate's ``after`` lines replaced the
+    buggy ``before`` lines (an insertion has an empty ``before``, a deletion an empty ``after``).
+    """
+
+    before: tuple[int, int]
+    after: tuple[int, int]
+    before_lines: tuple[str, ...]
+    after_lines: tuple[str, ...]
+
+    @property
+    def kind(self) -> str:
+        if not self.before_lines:
+            return "insert"
+        return "delete" if not self.after_lines else "replace"
+
+
+def split_hunks(before: str, after: str) -> list[Hunk]:
+    """The hunks of ``after`` against ``before``: ``difflib.SequenceMatcher`` on lines (line
+    ends kept, no junk heuristic), adjacent non-equal opcodes merged into one hunk."""
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    hunks: list[Hunk] = []
+    run: list[int] | None = None  # [a0, a1, b0, b1] of the hunk being built
+    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            run = [run[0], a1, run[2], b1] if run else [a0, a1, b0, b1]
+            continue
+        if run:
+            hunks.append(_hunk(a, b, run))
+            run = None
+    if run:
+        hunks.append(_hunk(a, b, run))
+    return hunks
+
+
+def _hunk(a: list[str], b: list[str], run: list[int]) -> Hunk:
+    a0, a1, b0, b1 = run
+    return Hunk(before=(a0, a1), after=(b0, b1), before_lines=tuple(a[a0:a1]),
+                after_lines=tuple(b[b0:b1]))
+
+
+def revert_hunks(after: str, hunks: Sequence[Hunk], revert: Collection[int]) -> str:
+    """``after`` with ``hunks[k]`` put back to its buggy lines for every ``k`` in ``revert``.
+
+    ``revert_hunks(after, h, ()) == after`` and ``revert_hunks(after, h, range(len(h)))``
+    is the buggy program, for ``h = split_hunks(buggy, after)``.
+    """
+    lines = after.splitlines(keepends=True)
+    for k in sorted(revert, key=lambda k: hunks[k].after[0], reverse=True):
+        b0, b1 = hunks[k].after
+        lines[b0:b1] = hunks[k].before_lines
+    return "".join(lines)
+
+
+def hunk_char_span(text: str, hunk: Hunk) -> tuple[int, int]:
+    """Characters ``[start, end)`` of the hunk's lines in the candidate ``text``; a deletion
+    gives the empty span where the deleted lines were."""
+    lines = text.splitlines(keepends=True)
+    start = sum(len(line) for line in lines[:hunk.after[0]])
+    return start, start + sum(len(line) for line in lines[hunk.after[0]:hunk.after[1]])
+
+
+def _touching(span: tuple[int, int], length: int) -> tuple[int, int]:
+    """A non-empty character span: an empty one widened to the character at its place."""
+    a, b = span
+    return (a, b) if b > a else (min(a, max(length - 1, 0)), min(a, max(length - 1, 0)) + 1)
+
+
+def completion_span(rollout: Rollout, span: tuple[int, int]) -> tuple[int, int] | None:
+    """A character span of ``rollout.code`` as one of ``rollout.completion`` (None when the
+    code is not a substring of the completion)."""
+    if rollout.code_start < 0:
+        return None
+    return rollout.code_start + span[0], rollout.code_start + span[1]
+
+
+def changed_tokens(rollout: Rollout, buggy_code: str) -> list[int]:
+    """Completion tokens inside the edit: those overlapping a hunk of ``rollout.code``
+    against ``buggy_code`` (a deleted run marks the token where it was)."""
+    out: set[int] = set()
+    for hunk in split_hunks(buggy_code, rollout.code):
+        span = completion_span(rollout, _touching(hunk_char_span(rollout.code, hunk),
+                                                  len(rollout.code.rstrip("\n"))))
+        if span is not None:
+            out.update(rollout.tokens_in_span(*span))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class HunkEffect:
+    """The effect of one hunk of a candidate: ``R(candidate) - R(candidate without hunk k)``."""
+
+    task_id: str
+    sample: int
+    k: int
+    hunk: Hunk
+    char_span: tuple[int, int]
+    """The hunk's characters in the candidate code (``rollout.code``)."""
+    tokens: tuple[int, ...]
+    """Completion tokens overlapping the hunk (empty when the code is not a substring)."""
+    reward: float
+    reward_without: float
+    effect: float
+
+
+def pass_fraction(result: SandboxResult) -> float:
+    """The default reward: ``passed / total`` of the hidden tests."""
+    return result.fraction
+
+
+def hunk_effects(rollouts: Sequence[Rollout], tasks: Mapping[str, RepairTask], *,
+                 run: Callable[[Sequence[Candidate]], list[SandboxResult]] | None = None,
+                 reward: Callable[[SandboxResult], float] = pass_fraction) -> list[HunkEffect]:
+    """Edit-level counterfactuals, the ground truth for credit estimators.
+
+    For each rollout's code ``c`` with hunks ``h_1..h_K`` against its task's buggy code:
+    ``effect_k = R(c) - R(c without h_k)`` (:func:`revert_hunks`), ``R = reward(result)``
+    on the task's hidden tests. Every distinct program runs once, all in one ``run`` batch
+    (default :func:`labkit.env.sandbox.run_many`).
+    """
+    if run is None:
+        from labkit.env.sandbox import run_many as run
+    plans = []
+    programs: dict[tuple[str, str], Candidate] = {}
+    for r in rollouts:
+        task = tasks[r.task_id]
+        hunks = split_hunks(task.buggy_code, r.code)
+        variants = [r.code] + [revert_hunks(r.code, hunks, [k]) for k in range(len(hunks))]
+        for code in variants:
+            programs.setdefault((r.task_id, code), Candidate(
+                code=code, tests=task.tests, entry_point=task.entry_point,
+                id=f"{r.task_id}#{len(programs)}"))
+        plans.append((r, hunks, variants))
+    keys = list(programs)
+    results = dict(zip(keys, run([programs[key] for key in keys])))
+    out = []
+    for r, hunks, variants in plans:
+        full = reward(results[(r.task_id, variants[0])])
+        for k, hunk in enumerate(hunks):
+            without = reward(results[(r.task_id, variants[k + 1])])
+            span = hunk_char_span(r.code, hunk)
+            where = completion_span(r, _touching(span, len(r.code.rstrip("\n"))))
+            out.append(HunkEffect(task_id=r.task_id, sample=r.sample, k=k, hunk=hunk,
+                                  char_span=span,
+                                  tokens=tuple(r.tokens_in_span(*where)) if where else (),
+                                  reward=full, reward_without=without, effect=full - without))
+    return out
