@@ -28,6 +28,8 @@ def _load(args) -> list:
 
     if args.source == "humanevalpack" and not args.path:
         raise CLIError("--source humanevalpack needs --path FILE (a HumanEvalPack-format JSONL)")
+    if args.source == "synthetic" and not args.n:
+        raise CLIError("--source synthetic is unlimited: pass --n N (the number of problems)")
     if args.path and not Path(args.path).is_file():
         raise CLIError(f"--path {args.path!r}: no such file")
     try:
