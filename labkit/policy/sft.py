@@ -25,9 +25,9 @@ class SFTConfig:
     batch_size: int = 32
     max_steps: int = 100_000
     time_budget_s: float = 0.0
-    """Stop after this many seconds (0 = no limit). With a budget, the learning-rate
-    schedule's length is re-estimated from the measured speed after ``probe_steps``."""
-    probe_steps: int = 20
+    """Stop after this many seconds (0 = no limit). With a budget (and no explicit
+    ``total_steps``) the cosine decay runs over wall-clock time instead of steps, so the
+    whole budget is used whatever the machine's speed."""
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
@@ -78,11 +78,15 @@ def _collate(examples: list, ids_idx: list[int], pad_id: int) -> dict[str, torch
     return {"input_ids": ids, "attention_mask": attn, "labels": labels}
 
 
-def lr_at(step: int, cfg: SFTConfig, total: int) -> float:
-    """Linear warm-up to ``lr`` then cosine decay to ``min_lr_ratio * lr`` at ``total``."""
+def lr_at(step: int, cfg: SFTConfig, total: int, frac: float | None = None) -> float:
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to
+    ``min_lr_ratio * lr``: ``lr_t = lr (m + (1 - m) (1 + cos(pi f)) / 2)`` with ``f`` the
+    fraction of the decay done (steps out of ``total``, or ``frac`` when given)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    if frac is None:
+        frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    frac = min(1.0, max(0.0, frac))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -103,19 +107,26 @@ def train_sft(model, tokenizer, pairs: Sequence[tuple[str, str]], cfg: SFTConfig
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     model.train()
+    by_time = bool(cfg.time_budget_s) and total_steps is None
+    t_decay = None  # when the warm-up ended (the time-based decay starts there)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc="sft", unit="step")
+        bar = tqdm(total=None if by_time else total, desc="sft", unit="step")
     t0 = time.time()
     losses, tokens, step = [], 0, 0
     history = []
     for idx in _batches(examples, cfg.batch_size, rng):
-        if step >= total or (cfg.time_budget_s and time.time() - t0 > cfg.time_budget_s):
+        elapsed = time.time() - t0
+        if step >= total or (cfg.time_budget_s and elapsed > cfg.time_budget_s):
             break
+        frac = None
+        if by_time and step >= cfg.warmup_steps:
+            t_decay = elapsed if t_decay is None else t_decay
+            frac = (elapsed - t_decay) / max(1e-9, cfg.time_budget_s - t_decay)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg, total)
+            g["lr"] = lr_at(step, cfg, total, frac)
         batch = {k: v.to(device) for k, v in _collate(examples, idx, tokenizer.pad_token_id).items()}
         loss = model(**batch).loss
         opt.zero_grad(set_to_none=True)
@@ -125,11 +136,6 @@ def train_sft(model, tokenizer, pairs: Sequence[tuple[str, str]], cfg: SFTConfig
         losses.append(loss.item())
         tokens += int((batch["labels"] != -100).sum())
         step += 1
-        if cfg.time_budget_s and total_steps is None and step == cfg.probe_steps:
-            per_step = (time.time() - t0) / step
-            total = min(cfg.max_steps, max(step + 1, int(cfg.time_budget_s / per_step)))
-            if bar is not None:
-                bar.total = total
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
