@@ -42,7 +42,7 @@ class PretrainConfig:
     vocab_size: int = 1024
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(time_budget_s=1200, batch_size=32,
-                                                             lr=2e-3, max_len=512))
+                                                             lr=3e-3, max_len=512))
     eval_synthetic_tasks: int = 200
     eval_humaneval_tasks: int = 0
     """0 = every bug-injected HumanEval test-split task."""
