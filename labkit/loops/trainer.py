@@ -580,8 +580,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def _slice(batch: dict, idx: list[int]) -> dict:
-    out = {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
-    return out
+    """Rows ``idx`` of every tensor in a collated batch (``prompt_len`` kept as is)."""
+    return {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def _agg_weight(mask: torch.Tensor, mode: str) -> float:

@@ -205,17 +205,15 @@ def load_policy(spec: str | PolicyConfig = "tiny", **overrides) -> Policy:
     device, dtype = resolve_device_dtype(cfg.device, cfg.dtype)
     tok = load_tokenizer(path)
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     try:
-        hf_cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     except ValueError as e:
         raise PolicyLoadError(f"{str(path)!r} does not hold a causal LM that transformers can "
                               f"load with AutoModelForCausalLM: {e}") from None
     except OSError as e:
         raise PolicyLoadError(f"cannot load model weights from {str(path)!r}: {e}") from None
-    del hf_cfg
     model.to(device)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
