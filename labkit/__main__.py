@@ -197,13 +197,11 @@ def cmd_experiment(args) -> int:
     from labkit.config import ConfigError, apply_overrides
 
     try:
-        exp = apply_overrides(experiments.ExperimentConfig(), args.set)
+        module = experiments.load(args.name)
+        exp = apply_overrides(module.Config(), args.set)
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
-    runner = {"reshaping": experiments.experiment_reshaping}.get(args.name)
-    if runner is None:
-        raise CLIError(f"unknown experiment {args.name!r}; available: reshaping")
-    md = runner(exp)
+    md = module.run(exp)
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())
     _emit({"experiment": args.name, "report": str(md),

@@ -1,11 +1,10 @@
 """Experiments that compare training methods over several seeds and write
 ``docs/results/<name>.{md,json,html,png}``.
 
-``python -m labkit experiment reshaping``: raw-reward GRPO (reward = fraction of tests
-passed) vs reshaped GRPO (the blog's recipe with the precision gate), same model, tasks,
-step budget and seeds; held-out pass@1 at the start, every ``eval_every`` steps, and at
-the end. Reports per seed, mean and a 95% t-interval over seeds, the paired per-task
-difference (end - start) with its standard error, and wall time.
+Each experiment is a module of this package with a config dataclass ``Config`` and a
+function ``run(config) -> Path`` (the markdown report); ``python -m labkit experiment NAME
+--set key=value`` finds it through :data:`EXPERIMENTS`. This module holds what they share:
+the multi-seed runner, the 95% interval, the report and its figure.
 """
 
 from __future__ import annotations
@@ -18,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import from_dict, to_dict
-from labkit.credit.reshaping import ReshapeConfig
 from labkit.loops.trainer import Trainer, TrainConfig
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+EXPERIMENTS = ("reshaping", "didpo", "credit", "mucode")
+"""Experiment modules under ``labkit.experiments`` (each defines ``Config`` and ``run``)."""
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 # Student t quantiles (two-sided 95%) for small samples; df -> t
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -66,15 +67,6 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
         "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
         "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
     })
-
-
-RESHAPING_METHODS = {
-    "raw_grpo": lambda: ReshapeConfig.raw(),
-    "reshaped_grpo": lambda: ReshapeConfig(w_test=1.0, w_precision=0.2, w_style=0.1, w_progress=0.05,
-                                           w_hack=1.0, gate_precision="improved", normalise="batch",
-                                           warmup_steps=5, adv_clip=5.0, amplify="none",
-                                           focus_threshold=0.0),
-}
 
 
 def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None) -> dict:
@@ -161,13 +153,15 @@ def _figure(results: dict, out: Path, name: str):
     return html, png
 
 
-def experiment_reshaping(exp: ExperimentConfig) -> Path:
-    results = run_methods("reshaping", RESHAPING_METHODS, exp)
-    notes = ("Raw GRPO: reward = fraction of hidden tests passed. Reshaped GRPO: the blog's recipe "
-             "(w_test 1.0, w_precision 0.2 gated on improving the tests, w_style 0.1, w_progress 0.05, "
-             "hack penalty 1.0, batch normalisation with a 5-step warm-up on running statistics, "
-             "advantages clipped to [-5, 5]). Same tiny model, tasks, seeds and step budget. "
-             f"Seeds {list(exp.seeds)}, {exp.steps} steps of {exp.tasks_per_step} tasks x "
-             f"{exp.group_size} samples; held-out pass@1 on {exp.eval_tasks} synthetic test tasks "
-             f"x {exp.eval_k} samples at T = 0.7.")
-    return write_report(results, exp.out, "Raw vs reshaped GRPO on the tiny model", notes)
+def load(name: str):
+    """The experiment module called ``name`` (``Config`` and ``run``), with a clear error."""
+    import importlib
+
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; available: {', '.join(EXPERIMENTS)}")
+    try:
+        return importlib.import_module(f"labkit.experiments.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"labkit.experiments.{name}":
+            raise ValueError(f"experiment {name!r} is not built yet") from None
+        raise
