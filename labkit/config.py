@@ -56,6 +56,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
+        elif value is None:  # `--set seeds=` (empty)
+            value = []
+        elif isinstance(value, (int, float, bool)):  # `--set seeds=0`: one element
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         inner = args[0] if args else Any

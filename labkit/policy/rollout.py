@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,14 @@ class SamplingConfig:
     ``generate`` halves the sampling speed of a small model, and :func:`extract_code` cuts
     a completion at a new ``###`` section anyway."""
     seed: int = 0
+    engine: Literal["loop", "generate"] = "loop"
+    """``loop``: labkit's own decode loop (:func:`decode`: prefill, then one cached forward
+    per token, the same distribution as ``generate`` with less per-token overhead);
+    ``generate``: transformers' ``model.generate``."""
 
     def validate(self) -> None:
+        if self.engine not in ("loop", "generate"):
+            raise ValueError(f"engine must be 'loop' or 'generate', got {self.engine!r}")
         if self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
         if self.temperature <= 0:
@@ -187,6 +193,71 @@ def sample_with_cache(policy, tasks: Sequence[RepairTask], config: SamplingConfi
     return _sample(policy, tasks, config, feedback, progress, keep_cache=True)
 
 
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p nucleus: per row, the smallest set of most likely tokens whose mass reaches
+    ``top_p`` (a token is kept when the mass strictly before it is ``< top_p``).
+    ``[N, V]`` probabilities -> ``[N, V]`` bool."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
+    before = sorted_p.cumsum(-1) - sorted_p  # [N, V] mass strictly before each token
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+
+
+@torch.no_grad()
+def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: SamplingConfig,
+           eos_ids: set[int], pad_id: int, tokenizer=None):
+    """Ancestral sampling with a KV cache: ``y_t ~ softmax(z_t / T)`` restricted to the top-p
+    nucleus and renormalised; records ``log softmax(z_t / T)[y_t]`` (unrestricted, the
+    behaviour log-prob the update's importance ratio uses).
+
+    One prefill forward over the left-padded prompts (positions = cumulative mask - 1), then
+    one forward per token for the whole batch; finished rows keep receiving ``pad_id``
+    (masked in) until every row has ended or ``max_new_tokens`` is reached, as ``generate``
+    does. The sampling distribution is ``generate``'s (temperature, then top-p, no top-k);
+    most completions come out token-identical to it under the same seed, but not all, so
+    ``engine`` is part of a run's config. Per token it skips ``generate``'s logits-processor,
+    stopping-criteria and cache-bookkeeping layers.
+
+    Returns ``(new [b, T], logp [b, T], cache)``; the cache holds every token but the last
+    sampled one (the :class:`KVRow` contract).
+    """
+    from transformers import DynamicCache
+
+    b = input_ids.shape[0]
+    stops = tuple(cfg.stop_strings)
+    eos = torch.tensor(sorted(eos_ids), device=input_ids.device)
+    cache = DynamicCache(config=model.config)
+    attn = attention_mask
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, cache=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+    next_pos = pos[:, -1:] + 1  # [b, 1]
+    alive = torch.ones(b, dtype=torch.bool, device=input_ids.device)
+    toks, lps = [], []
+    texts = [""] * b
+    for t in range(cfg.max_new_tokens):
+        scores = logits.float() / cfg.temperature  # [b, V]
+        logp = torch.log_softmax(scores, dim=-1)
+        if cfg.top_p < 1.0:
+            scores = scores.masked_fill(~nucleus(logp.exp(), cfg.top_p), float("-inf"))
+        y = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)  # [b]
+        y = torch.where(alive, y, torch.full_like(y, pad_id))
+        toks.append(y)
+        lps.append(logp.gather(-1, y[:, None]).squeeze(1))
+        alive = alive & ~torch.isin(y, eos)
+        if stops and tokenizer is not None:
+            for i in alive.nonzero().flatten().tolist():
+                texts[i] += tokenizer.decode([int(y[i])], skip_special_tokens=False)
+                if any(s in texts[i] for s in stops):
+                    alive[i] = False
+        if not alive.any() or t == cfg.max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
+        logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
+                       cache=cache, use_cache=True).logits[:, -1]
+        next_pos = next_pos + 1
+    return torch.stack(toks, 1), torch.stack(lps, 1), cache
+
+
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
             keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
@@ -211,16 +282,20 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
         chunk = jobs[c0:c0 + cfg.batch_size]
         enc = tok([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(policy.device)
-        gen = model.generate(
-            **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
-            max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
-            stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
-            output_logits=True, return_dict_in_generate=True)
         P = enc.input_ids.shape[1]
-        new = gen.sequences[:, P:]  # [b, T]
-        logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
-        logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
-        chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
+        if cfg.engine == "loop":
+            new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
+                                        pad_id, tokenizer=tok)
+        else:
+            gen = model.generate(
+                **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+                max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
+                stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
+                output_logits=True, return_dict_in_generate=True)
+            new, cache = gen.sequences[:, P:], gen.cache  # [b, T]
+            logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
+            logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
+            chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
         for row, (i, g) in enumerate(chunk):
             ids, eos_seen = strip_completion(new[row], pad_id, eos_ids)
             p_ids = enc.input_ids[row][enc.attention_mask[row].bool()].tolist()
@@ -229,7 +304,7 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
                 completion_ids=ids, logprobs=chosen[row, :len(ids)].tolist(), eos_seen=eos_seen,
                 stop_strings=cfg.stop_strings, temperature=cfg.temperature))
             if keep_cache:
-                kv.append(KVRow(cache=gen.cache, row=row, offset=P - len(p_ids)))
+                kv.append(KVRow(cache=cache, row=row, offset=P - len(p_ids)))
     model.train(was_training)
     return out, kv
 

@@ -1,0 +1,61 @@
+"""The experiments' shared statistics, the equal-wall-clock reading, and one end-to-end run
+of ``python -m labkit experiment didpo`` on a tiny budget (the code path of the real one)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from labkit.experiments import load, mean_ci95
+
+
+def test_mean_ci95_golden():
+    m, h = mean_ci95([0.5, 0.6, 0.7])
+    assert m == pytest.approx(0.6)
+    # t(0.975, df=2) = 4.303; stdev = 0.1; half-width = 4.303 * 0.1 / sqrt(3)
+    assert h == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert mean_ci95([0.4]) == (0.4, 0.0)
+
+
+def test_unknown_experiment_is_named():
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; available: reshaping"):
+        load("nope")
+
+
+def test_equal_wall_reads_the_fork_curve_at_grpo_wall_time():
+    didpo = load("didpo")
+    grpo = {"seeds": [{"seed": 0, "s_per_step": 2.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.6,
+                       "wall_s": 40.0, "curve": [[0, 0.5], [10, 0.55], [20, 0.6]]}]}
+    fork = {"seeds": [{"seed": 0, "s_per_step": 3.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.7,
+                       "wall_s": 60.0, "curve": [[0, 0.5], [10, 0.52], [20, 0.7]]}]}
+    r = didpo.equal_wall(grpo, fork)
+    s = r["seeds"][0]
+    assert s["steps_at_wall"] == 13          # floor(20 * 2 / 3)
+    assert s["step_evaluated"] == 10         # the last evaluation at or before step 13
+    assert s["pass_at_1_end"] == 0.52
+    assert r["delta"][0] == pytest.approx(0.02)
+    assert r["wall_s"] == pytest.approx(30.0)  # 60 s * 10 / 20
+
+
+def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
+    """Two methods, one seed, one step: trains, evaluates, writes md/json/html with the
+    numbers the trainer logged."""
+    sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
+            "eval_k=1", "train_problems=6", "methods=grpo,didpo", "ablations=", f"out={tmp_path}",
+            f"run_root={tmp_path / 'runs'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "didpo"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    last = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(last) >= {"experiment", "report", "grpo_delta", "didpo_delta"}
+    res = json.loads((tmp_path / "didpo.json").read_text())
+    for m in ("grpo", "didpo"):
+        seed = res["methods"][m]["seeds"][0]
+        assert [p[0] for p in seed["curve"]] == [0, 1]
+        assert 0.0 <= seed["pass_at_1_start"] <= 1.0 and seed["s_per_step"] > 0
+        evals = (tmp_path / "runs" / "didpo" / m / "seed0" / "eval.jsonl").read_text().splitlines()
+        assert json.loads(evals[-1])["eval/pass_at_1"] == seed["pass_at_1_end"]
+    assert "| grpo |" in (tmp_path / "didpo.md").read_text()
+    assert (tmp_path / "didpo.html").stat().st_size > 10_000
