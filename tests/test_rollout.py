@@ -54,6 +54,36 @@ def test_recomputed_logprobs_match_sampling(policy, temperature):
     assert batch["completion_mask"].sum() == sum(len(r.completion_ids) for r in rs)
 
 
+@pytest.mark.parametrize("engine", ["loop", "generate"])
+def test_both_engines_agree_with_the_training_forward(policy, engine):
+    cfg = SamplingConfig(group_size=3, temperature=0.9, top_p=0.8, max_new_tokens=12, engine=engine)
+    rs = sample(policy, [_task(0), _task(2)], cfg)
+    batch = collate(rs, policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(policy.model, batch, temperature=0.9)
+    for b, r in enumerate(rs):
+        assert torch.allclose(logp[b, :len(r.logprobs)], torch.tensor(r.logprobs), atol=2e-4)
+
+
+def test_decode_loop_matches_generate_when_near_greedy(policy):
+    """At T -> 0 both engines take the argmax: the same tokens, the same stopping."""
+    cfg = SamplingConfig(group_size=2, temperature=1e-4, max_new_tokens=16)
+    a = sample(policy, [_task(0), _task(3)], cfg)
+    b = sample(policy, [_task(0), _task(3)], SamplingConfig(**{**cfg.__dict__, "engine": "generate"}))
+    assert [r.completion_ids for r in a] == [r.completion_ids for r in b]
+    assert [r.finished for r in a] == [r.finished for r in b]
+
+
+def test_nucleus_golden():
+    from labkit.policy.rollout import nucleus
+
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    # mass strictly before each token (sorted): 0, 0.5, 0.8, 0.95 -> kept while < top_p
+    assert nucleus(p, 0.8).tolist() == [[True, True, False, False]]
+    assert nucleus(p, 0.81).tolist() == [[True, True, True, False]]
+    assert nucleus(p, 1.0).tolist() == [[True, True, True, True]]
+
+
 def test_token_offsets_fallback_is_exact(policy):
     tok = policy.tokenizer
     text = "def f(x):\n    return x + 1\n"
