@@ -189,6 +189,34 @@ def cmd_train(args) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- mucode
+
+
+def cmd_mucode(args) -> int:
+    from labkit.config import ConfigError, apply_overrides, load_yaml
+    from labkit.loops.mucode import MucodeConfig, run_mucode
+    from labkit.policy.loading import PolicyLoadError
+
+    try:
+        cfg = (load_yaml(MucodeConfig, args.config, args.set) if args.config
+               else apply_overrides(MucodeConfig(), args.set))
+        cfg.validate()
+    except (ConfigError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    try:
+        result = run_mucode(cfg)
+    except PolicyLoadError as e:
+        raise CLIError(str(e)) from None
+    last = result.rows[-1] if result.rows else {}
+    evals = result.evals
+    _emit({"run_dir": cfg.run_dir, "iterations": len(result.rows),
+           "collect_pass_final_last": last.get("collect/pass/final"),
+           "expert_pass_frac_last": last.get("expert/pass_frac"),
+           "eval_first": {k: v for k, v in (evals[0] if evals else {}).items() if "/final" in k},
+           "eval_last": {k: v for k, v in (evals[-1] if evals else {}).items() if "/final" in k}})
+    return 0
+
+
 # ----------------------------------------------------------------------------- experiments
 
 
@@ -205,7 +233,7 @@ def cmd_experiment(args) -> int:
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())
     _emit({"experiment": args.name, "report": str(md),
-           **{f"{m}_delta": round(r["delta"][0], 4) for m, r in results["methods"].items()}})
+           **{f"{m}_delta": round(r["delta"][0], 4) for m, r in results.get("methods", {}).items()}})
     return 0
 
 
@@ -213,10 +241,32 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    """The lab's main job. Grows with the project: today the environment floor's demo."""
-    from labkit.demo import environment_demo
+    """The lab's main job: the notebook sequence run headless with papermill into
+    ``runs/lab-<UTC timestamp>/`` (executed notebooks, their JSON numbers, report.html)."""
+    from labkit.lab import LabError, run_lab
 
-    return environment_demo(n=args.n, seed=args.seed)
+    only = [x for part in (args.only or []) for x in part.split(",") if x.strip()]
+    print(f"labkit lab: running the notebooks{' (smoke budget)' if args.smoke else ''} "
+          "with papermill (kernel python3, --cwd notebooks)")
+    try:
+        summary = run_lab(out=args.out, smoke=args.smoke, only=only or None)
+    except LabError as e:
+        raise CLIError(str(e)) from None
+    out = Path(summary["out"])
+    print(f"done in {summary['seconds']:.0f} s. Look at:")
+    print(f"  {out / 'report.html'}   (every notebook, figures inline; open it in a browser)")
+    print(f"  {out}/NN_*.ipynb          (the executed notebooks)")
+    print(f"  {out}/NN_*.json           (the key numbers of each notebook)")
+    print("  make jupyter                       (the notebooks live, with their widgets)")
+    if summary["failed"]:
+        print(f"FAILED: {', '.join(summary['failed'])} (the error is in the executed notebook)")
+    _emit({"out": str(out), "report": summary.get("report"), "seconds": summary["seconds"],
+           "cpu_seconds": summary["cpu_seconds"],
+           "notebooks": {r["notebook"]: {"status": r["status"], "seconds": r["seconds"],
+                                         "cpu_seconds": r["cpu_seconds"]}
+                         for r in summary["notebooks"]},
+           "failed": summary["failed"]})
+    return 1 if summary["failed"] else 0
 
 
 # ----------------------------------------------------------------------------- parser
@@ -271,15 +321,24 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=cmd_train)
 
+    mc = sub.add_parser("mucode", help="muCODE expert iteration (multi-turn, learned verifier)")
+    mc.add_argument("--config", help="YAML file with MucodeConfig fields")
+    mc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a field, e.g. --set iterations=1 --set verifier.loss=bce")
+    mc.set_defaults(func=cmd_mucode)
+
     ex = sub.add_parser("experiment", help="multi-seed comparisons written to docs/results/")
     ex.add_argument("name", help="reshaping")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
     ex.set_defaults(func=cmd_experiment)
 
-    lab = sub.add_parser("lab", help="the lab's main job on the embedded default")
-    lab.add_argument("--n", type=int, default=24, help="tasks in the demo")
-    lab.add_argument("--seed", type=int, default=0)
+    lab = sub.add_parser("lab", help="run the notebook sequence headless (papermill) and "
+                                     "write runs/lab-<timestamp>/ with an HTML report")
+    lab.add_argument("--smoke", action="store_true", help="the tiny CI budget of every notebook")
+    lab.add_argument("--only", action="append", metavar="NN[,NN]",
+                     help="run only these notebooks, by number or name, e.g. --only 00,02")
+    lab.add_argument("--out", help="output folder (default runs/lab-<UTC timestamp>)")
     lab.set_defaults(func=cmd_lab)
     return p
 
