@@ -5,6 +5,7 @@
         rollouts <- sample G completions per task                 (labkit.policy.rollout)
         results  <- execute every program in the sandbox           (labkit.env.sandbox)
         comps    <- feedback components per completion             (labkit.env.feedback)
+        forks    <- counterfactual forks, executed (didpo_fork only) (labkit.policy.forking)
         R        <- reshaped reward, normalised                   (labkit.credit.reshaping)
         A        <- advantage estimator [B, T], transformed        (labkit.credit.advantages)
         update   <- PPO-clip (+ KL to the reference, - entropy)    (labkit.credit.losses)
@@ -35,6 +36,7 @@ import torch
 
 from labkit.config import from_dict, to_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.fork_credit import ForkCreditConfig, fork_sites, needs_forks
 from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.reshaping import CurriculumSampler, Reshaper, ReshapeConfig, transform_advantages
 from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
@@ -42,7 +44,8 @@ from labkit.env.records import RepairTask
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
 from labkit.policy.loading import PolicyConfig, load_policy
-from labkit.policy.rollout import Rollout, SamplingConfig, collate, sample, sequence_logprobs
+from labkit.policy.rollout import (Rollout, SamplingConfig, collate, sample, sample_with_cache,
+                                   sequence_logprobs)
 from labkit.seeding import derive_seed, seed_everything
 
 # ============================================================================= config
@@ -108,9 +111,14 @@ class TrainConfig:
     tasks_per_step: int = 8
     estimator: str = "grpo"
     """Advantage estimator by name: grpo, dr_grpo, rloo, batch_norm, didpo (and its
-    ablations didpo_no_ae, didpo_no_ad, didpo_whole_diff, didpo_additive_gs)."""
+    ablations didpo_no_ae, didpo_no_ad, didpo_whole_diff, didpo_additive_gs), didpo_fork
+    (and didpo_fork_no_ae), which makes counterfactual forks every step (``fork``)."""
     estimator_options: dict = field(default_factory=dict)
-    """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo."""
+    """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo, {lam: 1.0,
+    normalise: rms, spread: hunk} for didpo_fork."""
+    fork: ForkCreditConfig = field(default_factory=ForkCreditConfig)
+    """How forks are made when the estimator needs them (didpo_fork): positions, the
+    baseline policy (EMA or frozen) and whether the KL term targets it. Unused otherwise."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     tasks: TaskConfig = field(default_factory=TaskConfig)
@@ -194,6 +202,9 @@ class Trainer:
         self.step = 0
         self._stop = False
         self._buggy_r_test: dict[str, float] = {}
+        self.forking = needs_forks(cfg.estimator)
+        if self.forking:
+            self.policy.baseline()  # the starting policy: frozen, or the EMA's first value
 
     # ------------------------------------------------------------------ setup helpers
     def _load_tasks(self, which: str) -> list[RepairTask]:
@@ -286,7 +297,10 @@ class Trainer:
         # -- generate ----------------------------------------------------------------
         t0 = time.time()
         scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
-        rollouts = sample(self.policy, tasks, scfg)
+        if self.forking:  # same tokens; keeps generate's cache for the forks' prefixes
+            rollouts, kv = sample_with_cache(self.policy, tasks, scfg)
+        else:
+            rollouts, kv = sample(self.policy, tasks, scfg), None
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
 
@@ -301,6 +315,14 @@ class Trainer:
                                sandbox=self.sandbox, progress=self.progress)
         timings["time/execute"] = time.time() - t0
 
+        # -- counterfactual forks (didpo_fork) -----------------------------------------------
+        fork_info: dict = {}
+        if self.forking:
+            t0 = time.time()
+            fork_info = self._fork_phase(rollouts, kv, task_of, fb, scfg)
+            timings["time/fork"] = time.time() - t0
+        del kv  # the caches are large; the update does not need them
+
         # -- reward and advantages ----------------------------------------------------
         t0 = time.time()
         comps = [f.components for f in fb]
@@ -309,6 +331,8 @@ class Trainer:
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
         mask = batch["completion_mask"]
         extra = {"rollouts": rollouts, "tasks": task_of, "feedback": fb}
+        if self.forking:
+            extra["forks"] = fork_info.pop("sites")
         adv, adv_metrics = compute_advantages(
             cfg.estimator, AdvantageInput(norm_rewards.to(mask.dtype), [r.task_id for r in rollouts],
                                           mask.cpu(), extra=extra), **cfg.estimator_options)
@@ -321,6 +345,8 @@ class Trainer:
         for b, r in enumerate(rollouts):
             old_logp[b, :len(r.logprobs)] = torch.tensor(r.logprobs, dtype=mask.dtype)
         upd = self._update(batch, old_logp, adv, scfg.temperature)
+        if self.forking and cfg.fork.baseline == "ema":
+            self.policy.update_baseline(cfg.fork.beta)  # theta_b <- beta theta_b + (1-beta) theta
         timings["time/update"] = time.time() - t0
         self.sched.step()
         self.reshaper.advance()
@@ -344,7 +370,9 @@ class Trainer:
                **M.hack_metrics([f.hack_flags for f in fb]),
                **M.status_metrics([f.result.status.value for f in fb]),
                "lr": self.opt.param_groups[0]["lr"],
-               **timings, "time/step": time.time() - t_step}
+               **fork_info, **timings, "time/step": time.time() - t_step}
+        if "time/fork" in timings:  # what forking adds to a step without it
+            row["fork/extra_cost"] = timings["time/fork"] / max(row["time/step"] - timings["time/fork"], 1e-9)
         row["dist/world_size"] = self.world
         records = self._records(rollouts, task_of, fb, rewards, adv)
         if self.is_main:
@@ -363,6 +391,65 @@ class Trainer:
             for t, f in zip(todo, fb):
                 self._buggy_r_test[t.task_id] = f.components["r_test"]
 
+    def _fork_phase(self, rollouts: list[Rollout], kv, task_of: list[RepairTask], fb,
+                    scfg: SamplingConfig) -> dict:
+        """Counterfactual forks of this step's rollouts (``didpo_fork``): choose positions,
+        let the baseline propose alternatives and the policy continue (prefix caches from
+        sampling), execute the forks like the factual rollouts, and return
+        ``{"sites": fork_sites(...), "fork/...": metrics}`` with
+        ``dR = R(factual) - R(fork)``, both reshaped by the same reshaper. The one-off
+        ``r_progress`` bonus is left out of both (it belongs to the step, not the program)."""
+        from labkit.policy import forking as fk
+
+        cfg, fc = self.cfg, self.cfg.fork
+        t0 = time.time()
+        entropy = None
+        if fc.strategy == "entropy":
+            entropy = fk.token_entropy(self.policy.model, rollouts, self.policy.tokenizer.pad_token_id,
+                                       scfg.temperature)
+        positions = fk.choose_positions(
+            rollouts, fk.PositionConfig(fc.strategy, fc.fraction, fc.budget,
+                                        seed=derive_seed(cfg.seed, "fork-positions", self.step,
+                                                         *self._rank_key())),
+            buggy_code={t.task_id: t.buggy_code for t in task_of}, entropy=entropy)
+        fcfg = fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size,
+                                           seed=derive_seed(cfg.seed, "fork", self.step, *self._rank_key()))
+        forks = fk.fork(self.policy, rollouts, positions, fcfg, kv=kv, baseline=self.policy.baseline())
+        gen_s = time.time() - t0
+
+        t0 = time.time()
+        parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
+        rows = [parent[(f.task_id, f.parent_sample)] for f in forks.forks]
+        cf_tasks = [task_of[b] for b in rows]
+        if self.reward_fn is not None:
+            cf_comps = [dict(c) for c in self.reward_fn(cf_tasks, [f.rollout for f in forks.forks])]
+        else:
+            cf_comps = [f.components for f in evaluate_many(
+                cf_tasks, [f.rollout.code for f in forks.forks], config=cfg.feedback,
+                sandbox=self.sandbox)]
+        exec_s = time.time() - t0
+        buggy = [self._buggy_r_test.get(t.task_id) for t in task_of]
+        r_fact, _ = self.reshaper.rewards([{**f.components, "r_progress": 0.0} for f in fb], buggy)
+        r_cf, _ = self.reshaper.rewards([{**c, "r_progress": 0.0} for c in cf_comps],
+                                        [buggy[b] for b in rows])
+        sites = fork_sites(rows, [f.t for f in forks.forks], r_fact[rows].tolist(), r_cf.tolist())
+        n = len(forks.forks)
+        return {"sites": sites, "fork/n": float(n),
+                "fork/tokens_generated": float(forks.stats.generated_tokens),
+                "fork/differs_frac": sum(f.differs for f in forks.forks) / max(n, 1),
+                "fork/recomputed_fraction": forks.stats.recomputed_fraction,
+                "fork/gen_s": gen_s, "fork/exec_s": exec_s}
+
+    @contextlib.contextmanager
+    def _kl_target(self):
+        """The policy the KL term pulls towards: the reference, or the fork baseline when
+        ``fork.kl_to_baseline`` (and the estimator forks)."""
+        if self.forking and self.cfg.fork.kl_to_baseline:
+            yield self.policy.baseline()
+        else:
+            with self.policy.reference() as ref:
+                yield ref
+
     def _update(self, batch: dict, old_logp: torch.Tensor, adv: torch.Tensor, temperature: float) -> dict:
         """``epochs`` passes of micro-batched PPO-clip (+ beta KL - entropy), aggregated over
         the whole batch exactly (each micro-batch weighted by its share of the aggregate)."""
@@ -373,7 +460,7 @@ class Trainer:
         mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
         ref_logp = None
         if cfg.kl_coef > 0:
-            with torch.no_grad(), self.policy.reference() as ref:
+            with torch.no_grad(), self._kl_target() as ref:
                 ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
                                       for mb in mbs])  # [B, T]
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
@@ -490,6 +577,8 @@ class Trainer:
                  "curriculum": self.curriculum.state_dict() if self.curriculum else None,
                  "buggy_r_test": self._buggy_r_test, "lora": self.policy.is_lora}
         (tmp / "state.json").write_text(json.dumps(state))
+        if self.forking:  # the fork baseline (EMA or frozen start), trainable parameters only
+            torch.save(_baseline_state(self.policy), tmp / "baseline.pt")
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -534,6 +623,14 @@ class Trainer:
         if self.curriculum is not None and state["curriculum"]:
             self.curriculum.load_state_dict(state["curriculum"])
         self._buggy_r_test = dict(state["buggy_r_test"])
+        if self.forking:
+            if not (path / "baseline.pt").exists():
+                raise CheckpointError(f"checkpoint {path} has no baseline.pt: it was not saved by a "
+                                      f"forking run, but estimator {self.cfg.estimator!r} forks")
+            base = dict(self.policy.baseline().named_parameters())
+            with torch.no_grad():
+                for n, v in torch.load(path / "baseline.pt", weights_only=True).items():
+                    base[n].copy_(v)
         self.step = int(state["step"])
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
             self.run.truncate_after(name, self.step)
@@ -577,6 +674,13 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
             if p.is_dir() and (p / "COMPLETE").exists()]
     return done[-1] if done else None
+
+
+def _baseline_state(policy) -> dict:
+    """The fork baseline's parameters whose policy counterpart is trainable (the others
+    never move, so the EMA leaves them equal to the loaded weights)."""
+    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+    return {n: p.detach().cpu() for n, p in policy.baseline().named_parameters() if n in trainable}
 
 
 def _slice(batch: dict, idx: list[int]) -> dict:
