@@ -143,7 +143,7 @@ def _figure(results: dict, out: Path, name: str):
     fig.update_layout(title=f"{name}: held-out pass@1 vs step", xaxis_title="step",
                       yaxis_title="held-out pass@1", template="plotly_white")
     html = out / f"{name}.html"
-    fig.write_html(str(html), include_plotlyjs=True, full_html=True)
+    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)  # one plotly.min.js beside them
     png = out / f"{name}.png"
     try:
         fig.write_image(str(png), width=900, height=500)

@@ -482,7 +482,7 @@ def _figure(tab: dict, out: Path):
     fig.update_layout(title="Per-hunk credit vs edit-level counterfactual effect",
                       template="plotly_white", barmode="group")
     html = out / "credit.html"
-    fig.write_html(str(html), include_plotlyjs=True, full_html=True)
+    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)  # one plotly.min.js beside them
     png = out / "credit.png"
     try:
         fig.write_image(str(png), width=1100, height=500)
