@@ -24,7 +24,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 install: $(STAMP)
 
 lab: $(STAMP)
-	$(PY) -m labkit lab
+	$(PY) -m labkit lab $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,276 @@
+"""The headless lab: run the notebook sequence with papermill and write a static report.
+
+``python -m labkit lab`` (``make lab``) executes ``notebooks/NN_*.ipynb`` in order, each
+with ``--cwd notebooks``, the ``python3`` kernel and the parameters ``smoke`` and
+``out_dir``, into ``runs/lab-<UTC timestamp>/``::
+
+    runs/lab-20261130-014500/
+        00_tour.ipynb ...        the executed notebooks (outputs kept)
+        00_tour.json ...         the key numbers each notebook records (see :func:`record`)
+        report.html              every notebook, static plotly figures, plotly.js inline once
+        lab.json                 per-notebook status and wall time
+
+The report needs no network: plotly's JavaScript is embedded once, figures are the
+notebooks' own plotly outputs redrawn statically, and widgets (which need a live kernel)
+are replaced by their text form with a note to open the notebook in JupyterLab.
+
+Notebooks call :func:`record` to write their numbers; the tests read those files.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+KERNEL = "python3"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class LabError(RuntimeError):
+    """A notebook is missing or failed; the message names it and the file to open."""
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def _json_safe(value):
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item"):  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, int):
+        return value
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"record: non-finite number {value}; record None for 'not measured'")
+    return round(value, 6)
+
+
+def record(out_dir: str | Path, name: str, numbers: Mapping) -> dict:
+    """Write ``numbers`` to ``<out_dir>/<name>.json`` (floats rounded to 6 digits) and
+    return them. Non-finite floats are refused: a NaN in a notebook's summary is a bug."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clean = _json_safe(dict(numbers))
+    (out / f"{name}.json").write_text(json.dumps(clean, indent=2) + "\n")
+    return clean
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def notebooks(only: Sequence[str] | None = None, directory: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The numbered notebooks in order; ``only`` keeps those whose number or name matches
+    (``["00", "02"]`` or ``["00_tour"]``)."""
+    found = sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+    if not found:
+        raise LabError(f"no notebooks in {directory}")
+    if not only:
+        return found
+    wanted = [w.strip() for w in only if w.strip()]
+    def matches(p: Path, w: str) -> bool:
+        return p.stem == w or p.stem.split("_")[0] == w
+
+    picked = [p for p in found if any(matches(p, w) for w in wanted)]
+    unknown = [w for w in wanted if not any(matches(p, w) for p in found)]
+    if unknown:
+        raise LabError(f"--only: no notebook {unknown}; have {[p.stem for p in found]}")
+    return picked
+
+
+def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Mapping | None = None,
+                 log_output: bool = False) -> dict:
+    """Execute one notebook with papermill into ``out_dir``; returns its status row.
+
+    Widget state is not stored in the executed notebook (a live dashboard's state runs to
+    tens of megabytes); open the notebook in JupyterLab to use the widgets."""
+    import papermill as pm
+
+    params = {"smoke": bool(smoke), "out_dir": str(out_dir.resolve()), **(parameters or {})}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = {"notebook": path.stem, "smoke": bool(smoke)}
+    try:
+        pm.execute_notebook(str(path), str(out_dir / path.name), parameters=params,
+                            kernel_name=KERNEL, cwd=str(path.parent), progress_bar=False,
+                            log_output=log_output, store_widget_state=False)
+        row["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - papermill raises PapermillExecutionError and more
+        row["status"] = "failed"
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+        row["error"] = f"{type(e).__name__}: {last}"
+    row["seconds"] = round(time.time() - started, 1)
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the kernel and everything it started (sandbox workers, ruff, torchrun),
+    # once they have exited: on a busy machine, a better guide to the cost than wall time.
+    row["cpu_seconds"] = round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)
+    numbers = out_dir / f"{path.stem}.json"
+    row["numbers"] = json.loads(numbers.read_text()) if numbers.is_file() else None
+    return row
+
+
+def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[str] | None = None,
+            report: bool = True, log_output: bool = False) -> dict:
+    """Run the sequence (or ``only`` some notebooks) into ``out`` (default
+    ``runs/lab-<UTC timestamp>``), write ``lab.json`` and ``report.html``; returns the summary."""
+    paths = notebooks(only)
+    if out is None:
+        out = REPO_ROOT / "runs" / time.strftime("lab-%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = []
+    for p in paths:
+        print(f"  {p.stem} ...", end="", flush=True)
+        row = run_notebook(p, out, smoke=smoke, log_output=log_output)
+        rows.append(row)
+        print(f" {row['status']} in {row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU s)"
+              f"{'  (' + row['error'] + ')' if row['status'] != 'ok' else ''}", flush=True)
+    summary = {"out": str(out), "smoke": smoke, "seconds": round(time.time() - started, 1),
+               "cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1),
+               "notebooks": rows, "failed": [r["notebook"] for r in rows if r["status"] != "ok"]}
+    (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if report:
+        summary["report"] = str(write_report(out, rows))
+    return summary
+
+
+# ----------------------------------------------------------------------------- report
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em;
+       color: #222; line-height: 1.45; }
+pre, code { background: #f6f6f6; font-size: 0.88em; }
+pre { padding: 0.6em; overflow-x: auto; border-radius: 4px; }
+.cell-input pre { border-left: 3px solid #9ab; }
+.widget-note { color: #666; border: 1px dashed #bbb; padding: 0.4em 0.6em; margin: 0.4em 0;
+               font-size: 0.88em; white-space: pre-wrap; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
+td, th { border: 1px solid #ddd; padding: 2px 6px; }
+.nb { border-top: 2px solid #444; margin-top: 3em; padding-top: 1em; }
+.failed { color: #b00; font-weight: bold; }
+"""
+
+
+def _static_outputs(nb) -> None:
+    """Rewrite outputs in place so that a plain HTML export shows them without a kernel or
+    CDN: plotly figures become divs (plotly.js is added once by the page), widgets their
+    text form, and plotly's own library-loading outputs are dropped."""
+    import plotly.io as pio
+
+    nb.metadata.pop("widgets", None)  # saved widget state: needs the widget manager's JS
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if PLOTLY_MIME in data:
+                fig = pio.from_json(json.dumps(data[PLOTLY_MIME]))
+                o["data"] = {"text/html": pio.to_html(fig, include_plotlyjs=False, full_html=False)}
+            elif WIDGET_MIME in data:
+                text = data.get("text/plain", "")
+                o["data"] = {"text/html": "<div class='widget-note'>interactive widget "
+                             f"({html.escape(text)}): open the notebook in JupyterLab to use it"
+                             "</div>"}
+            elif "text/html" in data and "<script" in "".join(data["text/html"]) \
+                    and "plotly" in "".join(data["text/html"]).lower():
+                continue  # a renderer's copy of plotly.js or a script-only figure
+            elif "application/javascript" in data:
+                continue
+            kept.append(o)
+        cell["outputs"] = kept
+
+
+def notebook_html(path: Path) -> str:
+    """One executed notebook as an HTML fragment (no scripts, no external links)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(path), as_version=4)
+    _static_outputs(nb)
+    exporter = HTMLExporter(template_name="basic")
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def numbers_table(rows: Sequence[Mapping]) -> str:
+    """Each notebook's status, time and recorded numbers as HTML."""
+    parts = ["<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>CPU seconds</th>"
+             "<th>key numbers</th></tr>"]
+    for r in rows:
+        nums = r.get("numbers") or {}
+        flat = ", ".join(f"{k}={v}" for k, v in nums.items() if not isinstance(v, (dict, list)))
+        cls = "" if r["status"] == "ok" else " class='failed'"
+        parts.append(f"<tr><td><a href='#{r['notebook']}'>{r['notebook']}</a></td>"
+                     f"<td{cls}>{html.escape(r['status'])}</td><td>{r['seconds']}</td>"
+                     f"<td>{r.get('cpu_seconds', '')}</td>"
+                     f"<td>{html.escape(flat)}</td></tr>")
+    parts.append("</table>")
+    return "\n".join(parts)
+
+
+def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
+    """``out/report.html``: a table of the notebooks' numbers, then every executed notebook,
+    with plotly.js embedded inline once (no CDN)."""
+    from plotly.offline import get_plotlyjs
+    from pygments.formatters import HtmlFormatter
+
+    css = _CSS + HtmlFormatter(style="default").get_style_defs(".highlight")
+    sections = []
+    for r in rows:
+        nb = out / f"{r['notebook']}.ipynb"
+        body = notebook_html(nb) if nb.is_file() else "<p>not executed</p>"
+        err = ("" if r["status"] == "ok"
+               else f"<p class='failed'>{html.escape(r.get('error', ''))}</p>")
+        sections.append(f"<section class='nb' id='{r['notebook']}'><h1>{r['notebook']}</h1>"
+                        f"{err}{body}</section>")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit lab report</title>"
+            f"<style>{css}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
+            "</head><body><h1>labkit lab report</h1>"
+            f"<p>{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; executed notebooks and "
+            "their JSON numbers are next to this file.</p>"
+            f"{numbers_table(rows)}{''.join(sections)}</body></html>")
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+# ----------------------------------------------------------------------------- notebooks in git
+
+
+def clear_outputs(paths: Sequence[Path] | None = None) -> list[Path]:
+    """Strip outputs, execution counts and run metadata from notebooks (what git holds);
+    returns the files that changed."""
+    import nbformat
+
+    changed = []
+    for p in paths or sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+        before = Path(p).read_text()
+        nb = nbformat.reads(before, as_version=4)
+        for cell in nb.cells:
+            cell.metadata.pop("execution", None)
+            cell.metadata.pop("papermill", None)
+            if cell.cell_type == "code":
+                cell.outputs = []
+                cell.execution_count = None
+        nb.metadata.pop("papermill", None)
+        nb.metadata.pop("widgets", None)
+        after = nbformat.writes(nb) + "\n"
+        if after != before:
+            Path(p).write_text(after)
+            changed.append(Path(p))
+    return changed

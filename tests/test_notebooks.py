@@ -1,0 +1,269 @@
+"""The notebook sequence: clean in git, and every notebook runs with its smoke budget.
+
+Two kinds of tests:
+
+* the strip-outputs guard (fast): every ``notebooks/NN_*.ipynb`` in git has no outputs and
+  no execution counts, its first code cell is tagged ``parameters`` with ``smoke = False``
+  and ``out_dir``, the kernel is the standard ``python3``, and no code names an absolute
+  path or a URL; ``python -m labkit.lab`` helpers (``record``, ``notebooks``, the report)
+  on hand-made inputs;
+* one smoke run per notebook (slow): papermill executes it with ``smoke=True`` (``--cwd
+  notebooks``, kernel ``python3``) and the test checks the numbers it recorded in
+  ``<out_dir>/<name>.json`` against what must hold (identities, bounds, counts), not only
+  that it ran.
+
+Strip outputs after working on a notebook: ``python -c "from labkit.lab import clear_outputs;
+clear_outputs()"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import lab
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = ["00_tour", "01_tasks_and_sandbox", "02_reward_reshaping", "03_counterfactual_forking",
+            "04_anchor_grouping", "05_training", "06_mucode", "07_bring_your_own_model"]
+PATHS = [ROOT / "notebooks" / f"{n}.ipynb" for n in EXPECTED]
+ABSOLUTE = re.compile(r"""(["'])(/(home|root|work|tmp|Users|usr|opt|mnt|data)/|~/|[A-Za-z]:\\)""")
+
+
+def test_the_sequence_is_complete():
+    assert [p.stem for p in lab.notebooks()] == EXPECTED
+
+
+# ----------------------------------------------------------------------------- the guard
+
+
+@pytest.mark.parametrize("path", PATHS, ids=EXPECTED)
+def test_notebook_is_clean_in_git(path):
+    raw = path.read_text()
+    nb = nbformat.reads(raw, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert "papermill" not in nb.metadata and "widgets" not in nb.metadata, \
+        f"{path.name}: run metadata left in; strip it (labkit.lab.clear_outputs)"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for c in code:
+        assert c.outputs == [] and c.execution_count is None, \
+            f"{path.name}: outputs or execution counts in git; strip them " \
+            "(labkit.lab.clear_outputs)"
+        assert "papermill" not in c.metadata and "execution" not in c.metadata
+    first = code[0]
+    assert "parameters" in first.metadata.get("tags", []), f"{path.name}: first code cell untagged"
+    assert re.search(r"(?m)^smoke = False\b", first.source), "no `smoke = False` parameter"
+    assert re.search(r"(?m)^out_dir = ", first.source), "no `out_dir` parameter"
+    for c in code:
+        m = ABSOLUTE.search(c.source)
+        assert not m, f"{path.name}: absolute path in code: {c.source[m.start():m.start() + 40]!r}"
+        assert "http://" not in c.source and "https://" not in c.source, \
+            f"{path.name}: a URL in code"
+    # the smoke branch comes right after the parameters (derived values in the next cell)
+    assert code[1].source.startswith("if smoke:"), \
+        f"{path.name}: the second code cell is not `if smoke:`"
+    call = f'record(out_dir, "{path.stem}", '
+    assert call in "".join(c.source for c in code), \
+        f"{path.name}: does not record its numbers under its own name"
+
+
+def test_absolute_path_pattern_has_power():
+    assert ABSOLUTE.search('load_policy("/home/me/model")')
+    assert ABSOLUTE.search("open('/tmp/x')")
+    assert not ABSOLUTE.search('out_dir = "../runs/notebooks"')
+
+
+# ----------------------------------------------------------------------------- lab helpers
+
+
+def test_record_rounds_and_refuses_nan(tmp_path):
+    got = lab.record(tmp_path, "x", {"a": 1 / 3, "b": [1, 2.5], "c": None, "d": True,
+                                     "e": {"f": 2}})
+    assert got == {"a": 0.333333, "b": [1, 2.5], "c": None, "d": True, "e": {"f": 2}}
+    assert json.loads((tmp_path / "x.json").read_text()) == got
+    with pytest.raises(ValueError, match="non-finite"):
+        lab.record(tmp_path, "y", {"a": math.nan})
+
+
+def test_notebook_selection():
+    assert [p.stem for p in lab.notebooks(["00", "05_training"])] == ["00_tour", "05_training"]
+    with pytest.raises(lab.LabError, match="no notebook"):
+        lab.notebooks(["42"])
+
+
+def test_report_is_static_with_plotly_inline_once(tmp_path):
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# a title"), nbformat.v4.new_code_cell("fig")]
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name="curve-xyz"))
+    nb.cells[1].outputs = [
+        nbformat.v4.new_output("display_data", data={lab.PLOTLY_MIME: json.loads(pio.to_json(fig)),
+                                                     "text/plain": "Figure"}),
+        nbformat.v4.new_output("display_data", data={lab.WIDGET_MIME: {"model_id": "m"},
+                                                     "text/plain": "DiffView(...)"}),
+        nbformat.v4.new_output("display_data", data={
+            "text/html": "<script src='https://cdn.plot.ly/plotly.min.js'></script>plotly"})]
+    nbformat.write(nb, tmp_path / "00_x.ipynb")
+    page = lab.write_report(tmp_path, [{"notebook": "00_x", "status": "ok", "seconds": 1.0,
+                                        "numbers": {"k": 1}}]).read_text()
+    assert "curve-xyz" in page and "a title" in page and "k=1" in page
+    assert "open the notebook in JupyterLab" in page
+    assert not re.search(r"<script[^>]+src=[\"']?http", page)
+    assert "plotly.min.js'></script>" not in page  # a renderer's loader output is dropped
+    assert page.count("window.Plotly") >= 1  # plotly.js inline
+    assert page.count("<script type='text/javascript'>") == 1  # ... once
+
+
+def test_clear_outputs_strips(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1")
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "1"},
+                                           execution_count=1)]
+    cell.execution_count = 1
+    cell.metadata["papermill"] = {"duration": 1}
+    nb.cells = [cell]
+    nb.metadata["papermill"] = {}
+    p = tmp_path / "n.ipynb"
+    nbformat.write(nb, p)
+    assert lab.clear_outputs([p]) == [p]
+    back = nbformat.read(p, as_version=4)
+    assert back.cells[0].outputs == [] and back.cells[0].execution_count is None
+    assert "papermill" not in back.metadata and "papermill" not in back.cells[0].metadata
+    assert lab.clear_outputs([p]) == []
+
+
+# ----------------------------------------------------------------------------- smoke runs
+
+
+def _between(x, lo, hi):
+    return x is not None and lo - 1e-9 <= x <= hi + 1e-9
+
+
+def check_00(n):
+    assert n["rollouts"] == n["tasks"] * 4 == 8
+    assert _between(n["reward_mean"], 0, 1) and _between(n["pass_rate"], 0, 1)
+    assert n["max_abs_group_adv_mean"] < 1e-6  # GRPO advantages sum to 0 in every group
+    if n["nonzero_std_groups"]:
+        assert abs(n["adv_std_in_nonzero_groups"] - 1) < 1e-3  # unit std inside a group
+        assert n["param_delta"] > 0  # the step moved the policy
+    else:
+        assert n["param_delta"] == 0  # no signal, no update
+    assert n["step_clip_frac"] < 0.05  # on-policy first step: ratio ~ 1
+    assert n["step_kl_k3"] is not None and 0 <= n["step_kl_k3"] < 1e-3
+    assert n["records"] == 8
+    assert n["diffview_tokens"] == n["completion_tokens"] > 0
+
+
+def check_01(n):
+    assert n["operators"] >= 20 and 10 <= n["operators_with_site"] <= n["operators"]
+    assert n["mutants"] == n["operators_with_site"]
+    assert n["mutants_caught"] >= 0.6 * n["mutants"]
+    assert n["reference_status"] == "passed" and n["buggy_status"] != "passed"
+    assert n["hacks_rewarded"] == 0  # no hack passes
+    assert n["hacks_flagged"] >= n["hacks"] - 1  # all but the plain infinite loop are flagged
+    assert n["reference_r_test"] == 1 and n["copy_r_precision"] == 1 and n["copy_noop"] == 1
+    assert n["unparsable_r_compile"] == 0 and 0 < n["unused_import_r_style"] < 1
+    assert sum(n["splits"].values()) == n["humaneval_tasks"]
+
+
+def check_02(n):
+    assert n["records"] == 8 and n["raw_equals_r_test"] is True
+    if n["trap_minus_default_on_copies"] is not None:
+        assert n["trap_minus_default_on_copies"] > 0  # the trap pays copies more
+    assert n["norm_used"][0] in ("batch", "skipped") and set(n["norm_used"][1:3]) == {"running"}
+    if n["norm_batch_out_std"] is not None:
+        assert abs(n["norm_batch_out_std"] - 1) < 1e-3
+    assert n["clip_max"] == 2.0
+    assert n["curriculum_argmax_success"] == 0.5 and abs(n["curriculum_weight_at_0"] - 0.05) < 1e-9
+    assert n["tau_raw"] == 1.0 and _between(n["tau_default"], -1, 1)
+    assert n["tuner_rows"] == n["records"]
+    assert n["short_steps"] == {"raw": 1, "reshaped": 1}
+    assert all(_between(v, 0, 1) for v in n["short_pass_at_1_last"].values())
+
+
+def check_03(n):
+    assert n["rollouts"] == 4 and 0 < n["forks"] <= n["rollouts"] * 3
+    assert n["positions_per_rollout_max"] <= 3  # the smoke budget
+    assert n["forks_differ_frac"] > 0.5
+    assert n["recomputed_positions"] == n["forks"]  # one re-encoded position per fork
+    assert n["recomputed_fraction"] < 0.1 and n["prefix_positions"] > 10 * n["forks"]
+    assert _between(n["dr_abs_max"], 0, 1) and _between(n["dr_nonzero_frac"], 0, 1)
+    assert _between(n["fork_token_coverage"], 0, 1)
+    assert n["effect_identity_max_err"] < 1e-12
+    if n["hunks"]:
+        assert _between(n["effect_min"], -1, 1) and _between(n["effect_max"], -1, 1)
+
+
+def check_04(n):
+    assert n["anchors"] >= 2 and n["anchor_view_anchors"] == n["anchors"]
+    assert all(abs(s) < 1e-9 for s in n["a_d_group_sums"])  # A_D is centred in its group
+    assert n["anchor_gs"] == sorted(n["anchor_gs"], reverse=True)  # greedy by GS
+    assert all(k >= 2 for k in n["anchor_n"])  # an anchor is shared
+    assert n["gs_formula_err"] < 1e-12
+    assert n["didpo_minus_grpo_outside_anchors"] < 1e-9  # outside anchors, A = A_E
+    assert 0 < n["didpo_token_coverage"] < 1
+    assert n["agreement_hunks"] >= 1 and n["forks"] >= 1
+    assert set(n["spearman"]) == {"grpo", "didpo", "didpo (A_D only)", "didpo_fork",
+                                  "didpo_fork (A_fork only)"}
+    assert all(v is None or _between(v, -1, 1) for v in n["spearman"].values())
+    assert all(v is None or _between(v, 0, 1) for v in n["sign_agreement"].values())
+
+
+def check_05(n):
+    methods = ["grpo", "reshaped", "didpo"]
+    assert n["methods"] == methods and n["stopped_early"] is False
+    assert n["steps"] == {m: 1 for m in methods} and n["metric_rows"] == {m: 1 for m in methods}
+    assert n["eval_rows"] == {m: 2 for m in methods}  # before and after
+    assert all(_between(v, 0, 1) for v in n["train_pass_at_1_last"].values())
+    assert all(len(v) == 2 and all(_between(x, 0, 1) for x in v)
+               for v in n["eval_pass_at_1"].values())
+    assert all(v >= 0 for v in n["kl_k3_last"].values())
+    assert n["didpo_anchor_count_mean"] is not None and n["didpo_anchor_count_mean"] >= 0
+    assert n["replay_points"] == 1 and n["dashboard_points"] == 1  # the last run: 1 step
+    assert n["inspector_rows"] >= 1
+
+
+def check_06(n):
+    assert n["episodes"] == 4 and 1 <= n["max_turns_seen"] <= 2
+    assert n["return_to_go_ok"] is True
+    assert n["iterations"] == 1 and 1 <= n["sft_steps"][0] <= 2 and n["evals"] == 0
+    assert n["examples"] >= 1 and _between(n["expert_pass_frac"][0], 0, 1)
+    assert set(n["verifier"]) == {"bce", "bt"}
+    assert sorted(n["bon_selectors"]) == ["public_tests", "public_then_verifier", "random",
+                                          "verifier"]
+    assert all(_between(v, 0, 1) for v in n["bon_pass_final"].values())
+    # no selector beats the oracle pick among the same turn-1 candidates
+    assert all(v <= n["bon_turn1_pass_at_n"] + 1e-9 for v in n["bon_pass_turn1"].values())
+
+
+def check_07(n):
+    assert n["device"] in ("cpu", "cuda", "cuda:0")
+    assert 0 < n["trainable_fraction"] < 0.2 and n["trainable"] < n["parameters"]
+    assert set(n["adapted_modules"]) >= {"q_proj", "v_proj"}
+    assert n["steps"] == 1
+    assert n["base_weight_max_change"] == 0  # LoRA leaves the base weights alone
+    if n["steps_with_signal"]:
+        assert n["lora_weight_max_change"] > 0
+    assert n["multiprocess_world_size"] is None  # not run in smoke
+
+
+CHECKS = {name: globals()[f"check_{name[:2]}"] for name in EXPECTED}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPECTED)
+def test_smoke_run_records_sane_numbers(name, tmp_path):
+    row = lab.run_notebook(ROOT / "notebooks" / f"{name}.ipynb", tmp_path, smoke=True)
+    assert row["status"] == "ok", f"{name}: {row.get('error')} (see {tmp_path / (name + '.ipynb')})"
+    numbers = row["numbers"]
+    assert numbers is not None, f"{name} wrote no {name}.json"
+    assert numbers["smoke"] is True and numbers["seconds"] > 0
+    CHECKS[name](numbers)
