@@ -13,6 +13,8 @@ import pytest
 from labkit.credit.reshaping import ReshapeConfig
 from labkit.loops.events import EventBus
 from widgets import colors
+from widgets.anchorview import (AnchorView, anchor_label, anchor_token_values, anchors_table,
+                                member_outlines, members_table, pick_task, records_by_rollout)
 from widgets.dashboard import TrainingDashboard, metrics_to_series, strip_matrix
 from widgets.diffview import DiffView, changed_lines, render_tokens_html
 from widgets.inspector import AdvantageInspector, group_frame
@@ -316,3 +318,111 @@ def test_dashboard_replay(run_dir):
     assert dash.curves.data[0].name == "reward/mean"  # what browser tests poll
     with pytest.raises(FileNotFoundError):
         TrainingDashboard.replay(run_dir / "missing")
+
+
+# ----------------------------------------------------------------------------- anchors
+
+
+def anchor(id, members, gs, spans, tokens, text=("return x + 1",), source="root", L=1.0):
+    """An anchors.jsonl line; members are (rollout, reward, a_d), all crediting ``spans``
+    (completion characters) and ``tokens`` on code line 1."""
+    return {"step": 3, "task_id": "toy/inc/bug0", "id": id, "text": list(text), "source": source,
+            "L": L, "n": len(members), "gs": gs,
+            "members": [{"rollout": b, "size": 1, "reward": r, "a_d": a, "lines": [1],
+                         "spans": [list(s) for s in spans], "tokens": list(tokens)}
+                        for b, r, a in members]}
+
+
+# record()'s completion "def inc(x):\n    return x + 1\n": `return x + 1` is characters
+# 16-28, tokens 2-5; the second anchor also lists token 5, to test which anchor wins
+ANCHORS = [anchor(0, [(0, 1.0, 0.5), (1, 0.0, -0.5)], 0.3, [(16, 28)], [2, 3, 4, 5]),
+           anchor(1, [(1, 0.0, -0.25), (3, 0.5, 0.25)], 0.1, [(0, 11)], [0, 1, 5],
+                  text=("def inc(x):", "pass"))]
+
+
+def test_anchor_helpers_golden():
+    table = anchors_table(ANCHORS)
+    assert table["anchor"].tolist() == [0, 1] and table["mean R"].tolist() == [0.5, 0.25]
+    assert table["members"].tolist() == ["0 1", "1 3"]
+    assert table["A_D"].tolist() == ["+0.50 -0.50", "-0.25 +0.25"]
+    assert table["sub-diff"].tolist() == ["return x + 1", "def inc(x):  (+1 lines)"]
+    members = members_table(ANCHORS[1])
+    assert members["rollout"].tolist() == [1, 3] and members["A_D"].tolist() == [-0.25, 0.25]
+    assert members["lines"].tolist() == ["2", "2"] and members["tokens"].tolist() == [3, 3]
+    assert member_outlines(ANCHORS[0]) == {0: [(16, 28, "anchor 0 · A_D +0.500")],
+                                           1: [(16, 28, "anchor 0 · A_D -0.500")]}
+    # token 5 is listed by both anchors in rollout 1: the higher-GS anchor (id 0) wins
+    assert anchor_token_values(ANCHORS, 1, 7) == [-0.25, -0.25, -0.5, -0.5, -0.5, -0.5, 0.0]
+    assert anchor_token_values(ANCHORS, 3, 4) == [0.25, 0.25, 0.0, 0.0]  # token 5 beyond T
+    assert anchor_token_values(ANCHORS, 2, 3) == [0.0, 0.0, 0.0]  # in no anchor
+    assert anchor_label(ANCHORS[0]) == "#0  GS 0.300  n 2  L 1.0  return x + 1"
+    recs = [record(3, FIX), record(0, FIX)]
+    placed = records_by_rollout(recs, ANCHORS)
+    assert [r and r["sample"] for r in placed] == [0, None, None, 3]
+    rows = [dict(a, step=s, task_id=t) for s, t in ((2, "a"), (3, "b"), (3, "c")) for a in ANCHORS]
+    assert pick_task(rows)[:2] == (3, "b") and pick_task(rows, 3, "c")[2][1]["id"] == 1
+    with pytest.raises(LookupError, match="steps with anchors: \\[2, 3\\]"):
+        pick_task(rows, step=9)
+    with pytest.raises(LookupError, match="tasks there: \\['b', 'c'\\]"):
+        pick_task(rows, 3, "z")
+    with pytest.raises(LookupError, match="didpo"):
+        pick_task([])
+
+
+def test_anchorview_in_memory_selects_and_outlines():
+    from labkit.credit.anchors import synthetic_group, task_anchors
+
+    buggy, rollouts, rewards = synthetic_group(G=8, seed=0)
+    found = task_anchors(rollouts, rewards, buggy)
+    assert len(found) >= 2
+    view = AnchorView.from_task(found, rollouts, rewards, buggy, caption="synthetic")
+    assert "labkit-anchorview" in view._dom_classes and view.color_by == "a_d"
+    for a in view.anchors:  # A_D against a naive recomputation from the group's rewards
+        group = [rewards[m["rollout"]] for m in a["members"]]
+        assert [m["a_d"] for m in a["members"]] == pytest.approx(
+            [r - statistics.fmean(group) for r in group])
+    for k in (1, 0):
+        view._picker.value = k  # what a click in the list does
+        a = view.anchors[k]
+        assert view.selected == k and "font-weight: bold" in view._table.value
+        shown = view._members.children
+        assert [v.caption.split(" · ")[0] for v in shown] == [
+            f"rollout {m['rollout']}" for m in a["members"]]
+        for v, m in zip(shown, a["members"]):
+            assert v.caption.endswith(f"sample {m['rollout']} · reward {m['reward']:.3f}")
+            framed = re.findall(r'labkit-outline[^>]*>([^<]*)<', v._right.value)
+            spans = "".join(rollouts[m["rollout"]].completion[s:e] for s, e in m["spans"])
+            assert html.unescape("".join(framed)) == spans and "labkit-anchor-member" in v._dom_classes
+            assert v.values == anchor_token_values(view.anchors, m["rollout"], len(v.offsets))
+    views = list(view._members.children)
+    renders = []
+    views[0]._right.observe(renders.append, names="value")
+    view.selected = 1
+    view.selected = 0
+    assert len(renders) == 2 and view._members.children[0] is views[0]  # reused, one render each
+    assert view._picker.value == 0 and view.out.outputs == ()
+    view.anchors = view.anchors[:1]
+    assert view._picker.options == ((anchor_label(view.anchors[0]), 0),)
+    view.anchors = []
+    assert "no anchors" in view._table.value and view._members.children == ()
+    with pytest.raises(Exception, match="color_by"):
+        view.color_by = "reward"
+
+
+def test_anchorview_from_run(run_dir):
+    lines = [dict(a, step=3) for a in ANCHORS] + [dict(ANCHORS[0], step=2, task_id="toy/sq/bug0")]
+    (run_dir / "anchors.jsonl").write_text("".join(json.dumps(a) + "\n" for a in lines))
+    view = AnchorView.from_run(run_dir)
+    assert view.caption == "toy/inc/bug0 at step 3" and len(view.anchors) == 2
+    assert view.color_by == "advantages"
+    first = view._members.children[0]
+    assert first.values == [1.5] * len(first.offsets) and "sample 0" in first.caption
+    view.color_by = "a_d"
+    assert first.values == anchor_token_values(ANCHORS, 0, len(first.offsets))
+    assert "A_D (anchors)" in first._legend.value
+    view.selected = 1  # rollout 3 was logged; with only samples 0-3 at step 3 all are there
+    assert len(view._members.children) == 2
+    (run_dir / "rollouts.jsonl").write_text("")
+    missing = AnchorView.from_run(run_dir, step=3)
+    assert all("not in the records" in w.value for w in missing._members.children)
+    assert AnchorView.from_run(run_dir, step=2).caption == "toy/sq/bug0 at step 2"

@@ -106,19 +106,24 @@ class TrainingDashboard(widgets.VBox):
     def __init__(self, height: int = 900):
         titles = [t for t, _ in PANELS]
         rows = math.ceil(len(PANELS) / COLS)
-        self.curves = go.FigureWidget(make_subplots(rows=rows, cols=COLS, subplot_titles=titles,
-                                                    vertical_spacing=0.08))
+        # Each figure is built whole before it becomes a widget: edits made to a new
+        # FigureWidget (add_scatter, update_layout) are messages, and a page still loading
+        # plotly's widget code (the first figure it shows) could lose them.
+        curves = make_subplots(rows=rows, cols=COLS, subplot_titles=titles,
+                               vertical_spacing=0.08)
         self._trace_of: dict[str, int] = {}
         for p, (_, keys) in enumerate(PANELS):
             for key in keys:
-                self._trace_of[key] = len(self.curves.data)
-                self.curves.add_scatter(x=[], y=[], name=key, mode="lines+markers",
-                                        marker_size=4, row=p // COLS + 1, col=p % COLS + 1)
-        self.curves.update_layout(height=height, margin={"t": 40, "b": 20, "l": 40, "r": 20})
+                self._trace_of[key] = len(curves.data)
+                curves.add_scatter(x=[], y=[], name=key, mode="lines+markers",
+                                   marker_size=4, row=p // COLS + 1, col=p % COLS + 1)
+        curves.update_layout(height=height, margin={"t": 40, "b": 20, "l": 40, "r": 20})
+        self.curves = go.FigureWidget(curves)
         self.strip = go.FigureWidget(go.Heatmap(z=[], zmid=0, colorscale=plotly_colorscale(),
                                                 hovertemplate="%{y}<br>token %{x} %{text}"
-                                                              "<br>%{z:.3f}<extra></extra>"))
-        self.strip.update_layout(height=160, margin={"t": 30, "b": 20, "l": 120, "r": 20})
+                                                              "<br>%{z:.3f}<extra></extra>"),
+                                     layout={"height": 160,
+                                             "margin": {"t": 30, "b": 20, "l": 120, "r": 20}})
         self._stop = widgets.Button(description="Stop", icon="stop", button_style="danger",
                                     disabled=True, tooltip="Stop the trainer after this step")
         self._status = widgets.HTML()

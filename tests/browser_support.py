@@ -1,0 +1,288 @@
+"""Helpers of the real-browser tests (``tests/test_browser.py``): a JupyterLab server on
+localhost, Debian's Chromium driven by Playwright, notebooks written with nbformat.
+
+The recipe (flags, selectors, teardown) is ``shared/notes/browser-testing.md``: JupyterLab
+with no token, isolated settings / workspaces / runtime folders; Chromium from
+``/usr/bin/chromium`` (Playwright's own download does not work here) with background
+networking off; teardown that kills the server's kernels by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import nbformat
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+NO_CHROMIUM = (f"{CHROMIUM} not found: the browser tests need Debian's Chromium. Run `.ci/run` "
+               "(CI installs it) or `apt-get install -y chromium` (as root).")
+KERNEL_IDLE = "(ipykernel) | Idle"
+
+# Settings a fresh user-settings folder starts with: no news or update checks (there is no
+# network), and every cell kept in the DOM so that off-screen widgets can be found.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+        {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+        {"windowingMode": "none", "kernelShutdown": False},
+    "@jupyterlab/extensionmanager-extension/plugin.jupyterlab-settings": {"enabled": False},
+}
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LabServer:
+    """``jupyter lab`` serving ``root`` on a free localhost port, with no token.
+
+    ``start()`` waits for ``/api/status``; ``stop()`` ends the server and every process it
+    started (kernels included), by PID.
+    """
+
+    def __init__(self, root: Path, state: Path):
+        self.root, self.state = Path(root), Path(state)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.state / "jupyter.log"
+        self.proc: subprocess.Popen | None = None
+        self._known: dict[int, psutil.Process] = {}
+
+    def start(self, timeout: float = 90.0) -> LabServer:
+        settings = self.state / "settings"
+        for name, values in LAB_SETTINGS.items():
+            path = settings / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        for sub in ("workspaces", "runtime", "config", "ipython"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.state / "runtime"),
+               "JUPYTER_CONFIG_DIR": str(self.state / "config"),
+               "IPYTHONDIR": str(self.state / "ipython"),
+               "JUPYTER_PLATFORM_DIRS": "1", "PYTHONUNBUFFERED": "1",
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}",
+               "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=",
+               "--ServerApp.password=", "--ServerApp.port_retries=0",
+               "--ServerApp.disable_check_xsrf=True",
+               f"--ServerApp.root_dir={self.root}",
+               f"--LabApp.user_settings_dir={settings}",
+               f"--LabApp.workspaces_dir={self.state / 'workspaces'}",
+               "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+               "jupyterlab.NeverCheckForUpdate"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-root")
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n"
+                                   + self.log_text())
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/status", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"jupyter lab did not answer within {timeout:.0f} s:\n"
+                           + self.log_text())
+
+    def log_text(self, tail: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-tail:] if self.log_path.exists() else ""
+
+    def remember_children(self) -> None:
+        """Note the server's descendants now (kernels), so ``stop`` can end them by PID even
+        once they are orphaned."""
+        if self.proc is None:
+            return
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                self._known[p.pid] = p
+        except psutil.NoSuchProcess:
+            pass
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.remember_children()
+        procs = list(self._known.values())
+        try:
+            procs.append(psutil.Process(self.proc.pid))
+        except psutil.NoSuchProcess:
+            pass
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=8)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        self.proc = None
+        self.log.close()
+
+
+# ----------------------------------------------------------------------------- notebooks
+
+
+def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
+    """A notebook of code cells (``("markdown", text)`` for markdown) with the standard
+    ``python3`` kernel."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    for cell in cells:
+        if isinstance(cell, tuple) and cell[0] == "markdown":
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell[1]))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(cell))
+    nbformat.write(nb, path)
+    return path
+
+
+def smoke_copy(src: Path, dst: Path, until: str | None = None) -> Path:
+    """A copy of notebook ``src`` at ``dst`` whose ``parameters`` cell sets ``smoke = True``
+    (the papermill parameters cell: its ``smoke = False`` line is rewritten); with ``until``,
+    only the cells up to the first code cell containing that text are kept."""
+    nb = nbformat.read(src, as_version=4)
+    if until is not None:
+        ends = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and until in c.source]
+        if not ends:
+            raise ValueError(f"{src}: no code cell contains {until!r}")
+        nb.cells = nb.cells[:ends[0] + 1]
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise ValueError(f"{src} has no cell tagged 'parameters'")
+    source, n = re.subn(r"(?m)^smoke\s*=\s*False\b", "smoke = True", cells[0].source)
+    if n != 1:
+        raise ValueError(f"{src}: the parameters cell has no `smoke = False` line")
+    cells[0].source = source
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.outputs, c.execution_count = [], None
+    nbformat.write(nb, dst)
+    return dst
+
+
+def real_notebook(name: str, uses: str) -> Path | None:
+    """``notebooks/<name>.ipynb`` when it exists and its code mentions ``uses`` (a widget
+    class), else None."""
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    if not path.exists():
+        return None
+    nb = nbformat.read(path, as_version=4)
+    return path if any(uses in c.source for c in nb.cells if c.cell_type == "code") else None
+
+
+# ----------------------------------------------------------------------------- page
+
+
+class NotebookPage:
+    """A Playwright page on one notebook of a :class:`LabServer`; records uncaught page
+    errors (``errors``) so a test can fail on them."""
+
+    def __init__(self, page, server: LabServer, shots: Sequence[Path]):
+        self.page, self.server, self.shots = page, server, list(shots)
+        self.errors: list[str] = []
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def open(self, name: str, timeout: float = 120_000) -> None:
+        # ?reset: start from an empty workspace, not the tabs an earlier test left open
+        self.page.goto(f"{self.server.url}/lab/tree/{name}?reset")
+        self.page.locator(".jp-Notebook").first.wait_for(timeout=timeout)
+        self.wait_idle(timeout)
+        self.server.remember_children()
+
+    def wait_idle(self, timeout: float = 120_000) -> None:
+        self.page.wait_for_function(
+            """(idle) => [...document.querySelectorAll('.jp-StatusBar-Widget')]
+                   .some(e => e.textContent.includes(idle))""", arg=KERNEL_IDLE, timeout=timeout)
+
+    def run_all(self, timeout: float = 240_000) -> None:
+        """Run > Run All Cells, then wait until every code cell has an execution count and
+        none is queued or running; raises with the first traceback if a cell failed."""
+        self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        try:
+            self._wait_all_ran(timeout)
+        except Exception as e:  # a timeout: say which cells had not run
+            prompts = self.page.evaluate(
+                """() => [...document.querySelectorAll(
+                    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
+                    .map(p => p.textContent)""")
+            for folder in self.shots:
+                folder.mkdir(parents=True, exist_ok=True)
+                self.page.screenshot(path=str(folder / "run_all_timeout.png"))
+            raise AssertionError(f"Run All did not finish in {timeout / 1000:.0f} s; cell "
+                                 f"prompts: {prompts}") from e
+        self.server.remember_children()
+        failed = self.page.evaluate(
+            """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+                .map(o => o.textContent)
+                .filter(t => t.includes('Traceback (most recent call last)') ||
+                             t.includes('Error displaying widget'))""")
+        if failed:
+            raise AssertionError("a notebook cell failed:\n" + failed[0][-4000:])
+
+    def _wait_all_ran(self, timeout: float) -> None:
+        self.page.wait_for_function(
+            """() => {
+                const panel = document.querySelector(
+                    '.jp-NotebookPanel:not(.lm-mod-hidden)') || document;
+                const cells = [...panel.querySelectorAll('.jp-CodeCell')];
+                const prompts = cells.map(c => c.querySelector('.jp-InputArea-prompt'));
+                const failed = [...document.querySelectorAll('.jp-OutputArea-output')]
+                    .some(o => o.textContent.includes('Traceback (most recent call last)'));
+                return failed || (cells.length > 0 && prompts.every(
+                    p => p && /\\[\\d+\\]/.test(p.textContent)));
+            }""", timeout=timeout)
+
+    def screenshot(self, selector: str, name: str) -> list[Path]:
+        """Screenshot of the first element matching ``selector`` into every folder of
+        ``shots`` as ``name`` (a PNG)."""
+        loc = self.page.locator(selector).first
+        loc.scroll_into_view_if_needed()
+        paths = []
+        for folder in self.shots:
+            folder.mkdir(parents=True, exist_ok=True)
+            loc.screenshot(path=str(folder / name))
+            paths.append(folder / name)
+        return paths
+
+
+def shot_folders(tmp_path: Path) -> list[Path]:
+    """Where screenshots go: the test's output folder, and ``$LABKIT_SCREENSHOTS`` when set."""
+    folders = [tmp_path / "screenshots"]
+    if os.environ.get("LABKIT_SCREENSHOTS"):
+        folders.append(Path(os.environ["LABKIT_SCREENSHOTS"]))
+    return folders
+
+

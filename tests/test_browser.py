@@ -1,0 +1,319 @@
+"""Real-browser tests: JupyterLab on localhost, Debian's Chromium driven by Playwright.
+
+Each test opens a notebook, runs all its cells, and checks that a widget renders and
+responds: the tour shows a DiffView; moving a RewardTuner slider changes the advantages
+shown; the TrainingDashboard receives points while a trainer runs in a thread and its Stop
+button stops it; selecting an anchor in AnchorView outlines its spans in every member.
+
+The numbered notebooks (``notebooks/*.ipynb``) are opened when they exist and use the
+widget, with ``smoke = True`` set in a copy of their ``parameters`` cell; otherwise (and
+for the dashboard's stop interaction, which needs training in a thread) a small notebook
+written here with nbformat drives the real widgets on a tiny random model and toy tasks.
+
+Screenshots go to each test's output folder and, when ``LABKIT_SCREENSHOTS=DIR`` is set,
+to DIR too (``docs/screenshots`` is made that way). Needs ``/usr/bin/chromium``:
+``.ci/run`` installs it; a missing browser fails, it is never skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, LabServer, NotebookPage,
+                             real_notebook, shot_folders, smoke_copy, write_notebook)
+from conftest import toy_tasks
+
+pytestmark = pytest.mark.browser
+
+DASH_STEPS = 400  # far more than the test waits for: only Stop ends the run
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _tuner_batch() -> list[dict]:
+    """One stored step: a group where copying the buggy code beats the fix unless precision
+    is gated (the RewardTuner's copying trap), and a second group."""
+    buggy = "def inc(x):\n    return x - 1\n"
+    base = {"r_test": 0.8, "r_pass": 0.0, "r_compile": 1.0, "r_precision": 1.0,
+            "r_style": 1.0, "r_progress": 0.0, "hack": 0.0, "noop": 1.0}
+    comps = [base, dict(base, r_test=1.0, r_pass=1.0, r_precision=0.4, noop=0.0),
+             dict(base, r_test=0.5, r_precision=0.9, noop=0.0),
+             dict(base, r_test=0.0, r_compile=0.0, r_precision=0.2, noop=0.0)]
+    codes = [buggy, "def inc(x):\n    return x + 1\n", "def inc(x):\n    return x\n",
+             "def inc(x):\n    return x +\n"]
+    out = []
+    for task in ("toy/inc/bug0", "toy/dbl/bug0"):
+        for i, (c, code) in enumerate(zip(comps, codes)):
+            offsets = [[m.start(), m.end()] for m in re.finditer(r"\S+\s*", code)]
+            out.append({"step": 1, "task_id": task, "sample": i, "buggy_code": buggy,
+                        "completion": code, "code": code, "code_start": 0, "offsets": offsets,
+                        "logprobs": [-0.5] * len(offsets), "components": c,
+                        "reward": c["r_test"], "advantages": [0.0] * len(offsets),
+                        "status": "passed" if c["r_pass"] else "failed", "flags": []})
+    return out
+
+
+def _train_config(run_dir: str, model: Path, tasks: Path, steps: int, group: int,
+                  tokens: int) -> str:
+    return (f'cfg = from_dict(TrainConfig, {{"run_dir": {run_dir!r}, "seed": 0, '
+            f'"steps": {steps}, "tasks_per_step": 1, '
+            f'"policy": {{"spec": {str(model)!r}, "reference": "none"}}, '
+            f'"sampling": {{"group_size": {group}, "max_new_tokens": {tokens}}}, '
+            f'"tasks": {{"source": "records", "path": {str(tasks)!r}, "eval_tasks": 0}}, '
+            f'"loss": {{"kl_coef": 0.0}}, "eval_every": 0, "checkpoint_every": 100000, '
+            f'"log_rollouts": -1}})')
+
+
+IMPORTS = ("from labkit.config import from_dict\n"
+           "from labkit.loops.trainer import Trainer, TrainConfig")
+
+
+def _write_generated(root: Path, model: Path, tasks: Path) -> None:
+    """The notebooks written here (used when the numbered ones are missing or do not cover
+    an interaction)."""
+    write_notebook(root / "gen_tour.ipynb", [
+        ("markdown", "# Tour (generated): one GRPO step, then the DiffView"),
+        IMPORTS + "\nfrom widgets import DiffView",
+        _train_config("run_tour", model, tasks, steps=1, group=4, tokens=24)
+        + "\ntrainer = Trainer(cfg)\nrows = trainer.train(progress=False)\ntrainer.close()",
+        "records = trainer.run.read('rollouts.jsonl')\nDiffView.from_record(records[0])",
+    ])
+    run = root / "run_tuner"
+    run.mkdir(exist_ok=True)
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _tuner_batch()))
+    (run / "config.json").write_text(json.dumps({"reshape": {
+        "w_test": 1.0, "w_precision": 0.5, "w_style": 0.0, "w_progress": 0.0, "w_hack": 0.0,
+        "gate_precision": "none", "adv_clip": 0.0}}))
+    write_notebook(root / "gen_tuner.ipynb", [
+        "from widgets import RewardTuner\ntuner = RewardTuner.from_run('run_tuner')\ntuner",
+    ])
+    # As notebooks/05_training does: show the dashboard, then build and train the trainer
+    # in a thread (the cell returns, so the kernel reads the Stop click).
+    write_notebook(root / "gen_dashboard.ipynb", [
+        IMPORTS + "\nimport threading\nimport ipywidgets as W\nfrom IPython.display import "
+        "display\nfrom widgets import TrainingDashboard",
+        _train_config("run_dash", model, tasks, steps=DASH_STEPS, group=2, tokens=12),
+        "dash = TrainingDashboard(height=600)\n"
+        "done = W.HTML('training...')\n"
+        "done.add_class('labkit-test-done')\n"
+        "display(dash, done)\n"
+        "def run():\n"
+        "    trainer = Trainer(cfg)\n"
+        "    dash.attach(trainer)\n"
+        "    rows = trainer.train(progress=False)\n"
+        "    done.value = (f'training stopped: {len(rows)} steps, at step {trainer.step}, '\n"
+        "                  f'stop requested {dash.stop_requested}')\n"
+        "    trainer.close()\n"
+        "threading.Thread(target=run, daemon=True).start()",
+    ])
+    write_notebook(root / "gen_anchors.ipynb", [
+        "from labkit.credit.anchors import synthetic_group, task_anchors\n"
+        "from widgets import AnchorView",
+        "buggy, rollouts, rewards = synthetic_group(G=8, seed=0)\n"
+        "anchors = task_anchors(rollouts, rewards, buggy)\n"
+        "AnchorView.from_task(anchors, rollouts, rewards, buggy, "
+        "caption='a synthetic group of 8 repairs')",
+    ])
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory, random_model_dir):
+    """JupyterLab serving a temporary folder holding the test notebooks (session-wide)."""
+    if not CHROMIUM.exists():
+        pytest.fail(NO_CHROMIUM, pytrace=False)
+    base = tmp_path_factory.mktemp("lab")
+    root, state = base / "root", base / "state"
+    root.mkdir()
+    tasks = root / "toy_tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in toy_tasks()))
+    _write_generated(root, Path(random_model_dir), tasks)
+    server = LabServer(root, state).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(lab):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                      args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def notebook(browser, lab, tmp_path):
+    """A page of the lab; afterwards every kernel is shut down and uncaught page errors
+    fail the test."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1800})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    nb = NotebookPage(page, lab, shot_folders(tmp_path))
+    yield nb
+    context.close()
+    _shutdown_kernels(lab)
+    assert not nb.errors, f"uncaught page errors: {nb.errors}"
+
+
+def _shutdown_kernels(lab: LabServer) -> None:
+    with urllib.request.urlopen(f"{lab.url}/api/kernels", timeout=10) as r:
+        kernels = json.load(r)
+    for k in kernels:
+        req = urllib.request.Request(f"{lab.url}/api/kernels/{k['id']}", method="DELETE")
+        urllib.request.urlopen(req, timeout=30).close()
+
+
+def _open(nb: NotebookPage, name: str, uses: str, generated: str, whole: bool = False) -> str:
+    """Open ``notebooks/<name>`` (a smoke copy; unless ``whole``, cut after the first cell
+    that uses the widget ``uses``) when it exists and uses that widget, else the generated
+    notebook; returns the file opened."""
+    real = real_notebook(name, uses)
+    target = generated
+    if real is not None:
+        target = f"{name}.ipynb"
+        smoke_copy(real, nb.server.root / target, until=None if whole else uses)
+    nb.open(target)
+    print(f"browser test opened {target}")
+    return target
+
+
+POINTS_JS = """() => {
+    const p = document.querySelector('.labkit-dashboard .js-plotly-plot');
+    return p && p.data && p.data[0] && p.data[0].x ? p.data[0].x.length : -1; }"""
+"""Points of the dashboard's first curve (``reward/mean``): one per step received."""
+
+
+def _plot_points(page) -> int:
+    return page.evaluate(POINTS_JS)
+
+
+def _column(page, table: str, name: str) -> list[str]:
+    """The cells of column ``name`` of the first HTML table matching ``table``."""
+    return page.evaluate("""([sel, name]) => {
+        const t = document.querySelector(sel);
+        const heads = [...t.querySelectorAll('thead th')].map(h => h.textContent.trim());
+        const k = heads.indexOf(name);
+        return [...t.querySelectorAll('tbody tr')].map(r => r.children[k].textContent.trim());
+    }""", [table, name])
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_tour_runs_and_shows_a_diffview(notebook):
+    _open(notebook, "00_tour", "DiffView", "gen_tour.ipynb", whole=True)
+    notebook.run_all()
+    view = notebook.page.locator(".labkit-diffview").first
+    view.wait_for()
+    tokens = view.locator(".labkit-tokens .labkit-tok")
+    assert tokens.count() > 0, "the DiffView shows no coloured tokens"
+    assert view.locator(".labkit-legend").count() == 1
+    assert view.locator(".labkit-code .labkit-line").count() > 0  # the buggy code
+    notebook.screenshot(".labkit-diffview", "diffview.png")
+
+
+def test_reward_tuner_slider_changes_advantages(notebook):
+    _open(notebook, "02_reward_reshaping", "RewardTuner", "gen_tuner.ipynb")
+    notebook.run_all()
+    page = notebook.page
+    table = ".labkit-tuner .labkit-tuner-table"
+    page.locator(table).first.wait_for()
+    before = _column(page, table, "A")
+    slider = page.locator(".labkit-tuner .widget-hslider").filter(has_text="w_precision").first
+    readout = slider.locator(".widget-readout")
+    start = readout.text_content()
+    handle = slider.locator(".noUi-handle")
+    handle.focus()
+    for _ in range(6):
+        handle.press("ArrowRight")
+    page.wait_for_function(
+        """([sel, before]) => {
+            const t = document.querySelector(sel);
+            const heads = [...t.querySelectorAll('thead th')].map(h => h.textContent.trim());
+            const k = heads.indexOf('A');
+            const now = [...t.querySelectorAll('tbody tr')]
+                .map(r => r.children[k].textContent.trim());
+            return JSON.stringify(now) !== JSON.stringify(before); }""",
+        arg=[table, before], timeout=60_000)
+    after = _column(page, table, "A")
+    assert readout.text_content() != start, "the w_precision slider did not move"
+    assert after != before and len(after) == len(before)
+    assert page.locator(".labkit-tuner .jp-OutputArea-output").filter(
+        has_text="Traceback").count() == 0
+    notebook.screenshot(".labkit-tuner", "reward_tuner.png")
+
+
+def test_dashboard_follows_training_and_stop_stops_it(notebook):
+    notebook.open("gen_dashboard.ipynb")  # training in a thread: no numbered notebook does it
+    notebook.run_all()
+    page = notebook.page
+    page.wait_for_function(f"() => ({POINTS_JS})() >= 2", timeout=120_000)
+    seen = _plot_points(page)
+    assert seen >= 2
+    page.locator(".labkit-dashboard .labkit-stop").click()
+    done = page.locator(".labkit-test-done")
+    page.wait_for_function(
+        "() => document.querySelector('.labkit-test-done').textContent.includes('stopped')",
+        timeout=120_000)
+    text = done.text_content()
+    m = re.search(r"at step (\d+), stop requested True", text)
+    assert m, f"the trainer did not report a requested stop: {text!r}"
+    stopped_at = int(m.group(1))
+    assert seen <= stopped_at < DASH_STEPS
+    page.wait_for_function(f"() => ({POINTS_JS})() === {stopped_at}", timeout=30_000)
+    time.sleep(3)  # no step after the stop
+    assert _plot_points(page) == stopped_at
+    notebook.screenshot(".labkit-dashboard", "training_dashboard.png")
+
+
+def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
+    from labkit.credit.anchors import synthetic_group, task_anchors
+
+    opened = _open(notebook, "04_anchor_grouping", "AnchorView", "gen_anchors.ipynb")
+    notebook.run_all()
+    page = notebook.page
+    view = page.locator(".labkit-anchorview").first
+    view.wait_for()
+    options = view.locator(".labkit-anchor-picker select option")
+    assert options.count() >= 2, "need two anchors to switch between"
+    if opened == "gen_anchors.ipynb":
+        buggy, rollouts, rewards = synthetic_group(G=8, seed=0)  # what the notebook shows
+        expected = task_anchors(rollouts, rewards, buggy)
+    else:
+        expected = None
+
+    def outlined() -> list[str]:
+        return view.locator(".labkit-anchor-member").evaluate_all(
+            "views => views.map(v => [...v.querySelectorAll('.labkit-outline')]"
+            ".map(e => e.textContent).join(''))")
+
+    first = outlined()
+    assert first and all(first), "anchor 0's members show no outlined span"
+    view.locator(".labkit-anchor-picker select").select_option(index=1)
+    page.wait_for_function(
+        """(old) => { const v = document.querySelector('.labkit-anchorview');
+            const now = [...v.querySelectorAll('.labkit-anchor-member')].map(m =>
+                [...m.querySelectorAll('.labkit-outline')].map(e => e.textContent).join(''));
+            return JSON.stringify(now) !== JSON.stringify(old); }""", arg=first,
+        timeout=30_000)
+    second = outlined()
+    assert second and all(second) and second != first
+    titles = view.locator(".labkit-anchor-member .labkit-outline").first.get_attribute("title")
+    assert "anchor 1" in titles
+    if expected is not None:
+        a = expected[1]
+        assert second == ["".join(rollouts[m.rollout].completion[s:e] for s, e in m.spans)
+                          for m in a.members]
+    notebook.screenshot(".labkit-anchorview", "anchor_view.png")
