@@ -6,12 +6,18 @@ the end. Reports per seed, mean and a 95% t-interval over seeds, and wall time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
 from labkit.experiments import ExperimentConfig, run_methods, write_report
 
-Config = ExperimentConfig
+
+@dataclass
+class Config(ExperimentConfig):
+    methods: tuple[str, ...] = ("raw_grpo", "reshaped_grpo")
+    """Which of :data:`RESHAPING_METHODS` to run (e.g. one, for a learning-rate probe)."""
+
 
 RESHAPING_METHODS = {
     "raw_grpo": lambda: ReshapeConfig.raw(),
@@ -22,8 +28,11 @@ RESHAPING_METHODS = {
 }
 
 
-def run(exp: ExperimentConfig) -> Path:
-    results = run_methods("reshaping", RESHAPING_METHODS, exp)
+def run(exp: Config) -> Path:
+    unknown = set(exp.methods) - set(RESHAPING_METHODS)
+    if unknown:
+        raise ValueError(f"unknown method(s) {sorted(unknown)}; available: {', '.join(RESHAPING_METHODS)}")
+    results = run_methods("reshaping", {m: RESHAPING_METHODS[m] for m in exp.methods}, exp)
     notes = ("Raw GRPO: reward = fraction of hidden tests passed. Reshaped GRPO: the blog's recipe "
              "(w_test 1.0, w_precision 0.2 gated on improving the tests, w_style 0.1, w_progress 0.05, "
              "hack penalty 1.0, batch normalisation with a 5-step warm-up on running statistics, "
