@@ -105,7 +105,7 @@ def run_labkit(model_dir: Path, tasks, args, out_dir: Path) -> dict:
         "tasks_per_step": args.prompts, "estimator": "grpo",
         "policy": {"spec": str(model_dir), "reference": "none"},
         "sampling": {"group_size": args.group, "temperature": 1.0, "top_p": 1.0,
-                     "max_new_tokens": args.tokens, "stop_strings": [],
+                     "max_new_tokens": args.tokens, "stop_strings": [], "engine": args.engine,
                      "batch_size": args.prompts * args.group},
         "tasks": {"source": "records", "eval_tasks": 0},
         "loss": {"kl_coef": 0.0, "epochs": 1, "agg": "token-mean", "dual_clip": None,
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", choices=["loop", "generate"], default="loop",
+                   help="labkit's sampling engine (SamplingConfig.engine)")
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="labkit-bench-trl-") as tmp:
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     out["labkit_reward_first_last"] = [round(lab["first_reward"], 4), round(lab["last_reward"], 4)]
     out["trl_reward_first_last"] = [round(trl["first_reward"], 4), round(trl["last_reward"], 4)]
     out["torch_threads"] = torch.get_num_threads()
+    out["labkit_engine"] = args.engine
     print(f"labkit {out['labkit_step_s']} s/step, TRL {out['trl_step_s']} s/step "
           f"(median after {args.warmup} warm-up steps): ratio {out['ratio']} (target <= 0.8)")
     print(json.dumps(out))
