@@ -213,7 +213,7 @@ def fitting_tasks(tasks, tokenizer, max_positions: int, margin: int) -> list[tup
     return out
 
 
-class _MemoRunner:
+class MemoRunner:
     """Runs each distinct (task, program) once in the sandbox."""
 
     def __init__(self, sandbox):
@@ -232,7 +232,7 @@ class _MemoRunner:
         return [self.memo[(c.entry_point, repr(c.tests), c.code)] for c in cands]
 
 
-def _batch(policy, tasks, cfg: Config, dataset: str, index: int, max_new: int, runner) -> tuple[list, dict]:
+def credit_batch(policy, tasks, cfg: Config, dataset: str, index: int, max_new: int, runner) -> tuple[list, dict]:
     """One batch: rollouts, rewards, ground-truth hunk effects, forks, and every estimator's
     credit for every hunk. Returns the hunk records and the batch's costs."""
     from labkit.policy import forking as fk
@@ -303,7 +303,7 @@ def _dataset(policy, tasks, cfg: Config, name: str, max_new_of, runner) -> tuple
     records, costs = [], []
     for index, c0 in enumerate(range(0, len(tasks), cfg.tasks_per_batch)):
         chunk = tasks[c0:c0 + cfg.tasks_per_batch]
-        recs, cost = _batch(policy, chunk, cfg, name, index, max_new_of(chunk), runner)
+        recs, cost = credit_batch(policy, chunk, cfg, name, index, max_new_of(chunk), runner)
         records += recs
         costs.append(cost)
         print(f"{name} batch {index}: {cost['rollouts']} rollouts, {cost['hunks']} hunks, "
@@ -330,7 +330,7 @@ def run(cfg: Config) -> Path:
     max_pos = int(policy.model.config.max_position_embeddings)
     datasets: dict = {}
     with Sandbox() as sandbox:
-        runner = _MemoRunner(sandbox)
+        runner = MemoRunner(sandbox)
         # the first tasks of a 200-task list (the size the lab evaluates on, so usually cached)
         synth = load_tasks("synthetic", split=cfg.split, n=max(200, cfg.synthetic_tasks),
                            seed=cfg.seed)[:cfg.synthetic_tasks]
