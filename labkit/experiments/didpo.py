@@ -27,7 +27,7 @@ class Config(ExperimentConfig):
     methods: tuple[str, ...] = ("grpo", "didpo", "didpo_fork")
     ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff", "didpo_additive_gs")
     ablation_seed: int = 0
-    lr: float = 5e-4
+    lr: float = 2e-5
     out: str = str(RESULTS)
 
 
