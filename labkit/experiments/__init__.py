@@ -53,6 +53,9 @@ class ExperimentConfig:
     out: str = str(RESULTS)
     run_root: str = "runs/experiments"
     policy: str = "tiny"
+    reuse_finished: bool = True
+    """Keep a run whose folder already holds a finished run of the same config (an
+    interrupted experiment picks up where it stopped; finished runs are not trained again)."""
 
 
 def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
@@ -80,32 +83,65 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None)
             cfg.reshape = make()
             if configure:
                 configure(method, cfg)
+            if exp.reuse_finished and finished_run(run_dir, cfg):
+                per_seed.append(summarise_run(run_dir, seed))
+                print(f"{method} seed {seed}: reusing the finished run in {run_dir}", flush=True)
+                continue
             t0 = time.time()
             tr = Trainer(cfg)
             tr.train(progress=True)
             tr.close()
-            wall = time.time() - t0
-            evals = tr.run.read("eval.jsonl")
-            steps = tr.run.read("metrics.jsonl")
-            per_seed.append({
-                "seed": seed, "run_dir": run_dir, "wall_s": round(wall, 1),
-                "s_per_step": round(statistics.fmean(r["time/step"] for r in steps), 3),
-                "pass_at_1_start": evals[0]["eval/pass_at_1"], "pass_at_1_end": evals[-1]["eval/pass_at_1"],
-                "curve": [[e["step"], e["eval/pass_at_1"]] for e in evals],
-                "train_reward_first": steps[0]["reward/mean"], "train_reward_last": steps[-1]["reward/mean"],
-            })
+            per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
-                  f"{per_seed[-1]['pass_at_1_end']:.3f} ({wall:.0f} s)", flush=True)
-        starts = [s["pass_at_1_start"] for s in per_seed]
-        ends = [s["pass_at_1_end"] for s in per_seed]
-        deltas = [e - s for s, e in zip(starts, ends)]
-        results["methods"][method] = {
-            "seeds": per_seed,
-            "start": mean_ci95(starts), "end": mean_ci95(ends), "delta": mean_ci95(deltas),
-            "wall_s": statistics.fmean(s["wall_s"] for s in per_seed),
-            "s_per_step": statistics.fmean(s["s_per_step"] for s in per_seed),
-        }
+                  f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
+        results["methods"][method] = summarise_method(per_seed)
     return results
+
+
+def finished_run(run_dir: str | Path, cfg: TrainConfig) -> bool:
+    """True when ``run_dir`` holds a run of exactly ``cfg`` that reached ``cfg.steps`` and
+    logged its final evaluation."""
+    d = Path(run_dir)
+    try:
+        same = json.loads((d / "config.json").read_text()) == json.loads(json.dumps(to_dict(cfg)))
+        steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return False
+    return same and bool(steps) and steps[-1]["step"] == cfg.steps and evals[-1]["step"] == cfg.steps
+
+
+def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None) -> dict:
+    """One finished run folder -> the per-seed record of a report. Without ``wall_s`` the
+    wall time is the sum of the logged step and evaluation times."""
+    from labkit.loops.events import RunFolder
+
+    run = RunFolder(run_dir)
+    evals, steps = run.read("eval.jsonl"), run.read("metrics.jsonl")
+    if not evals or not steps:
+        raise ValueError(f"{run_dir}: no eval.jsonl / metrics.jsonl rows; is the run finished?")
+    if wall_s is None:
+        wall_s = sum(r["time/step"] for r in steps) + sum(e.get("time/eval", 0.0) for e in evals)
+    return {
+        "seed": seed, "run_dir": str(run_dir), "wall_s": round(wall_s, 1),
+        "s_per_step": round(statistics.fmean(r["time/step"] for r in steps), 3),
+        "pass_at_1_start": evals[0]["eval/pass_at_1"], "pass_at_1_end": evals[-1]["eval/pass_at_1"],
+        "curve": [[e["step"], e["eval/pass_at_1"]] for e in evals],
+        "train_reward_first": steps[0]["reward/mean"], "train_reward_last": steps[-1]["reward/mean"],
+    }
+
+
+def summarise_method(per_seed: list[dict]) -> dict:
+    """Per-seed records -> mean and 95% interval of start, end and end - start."""
+    starts = [s["pass_at_1_start"] for s in per_seed]
+    ends = [s["pass_at_1_end"] for s in per_seed]
+    return {
+        "seeds": per_seed,
+        "start": mean_ci95(starts), "end": mean_ci95(ends),
+        "delta": mean_ci95([e - s for s, e in zip(starts, ends)]),
+        "wall_s": statistics.fmean(s["wall_s"] for s in per_seed),
+        "s_per_step": statistics.fmean(s["s_per_step"] for s in per_seed),
+    }
 
 
 def write_report(results: dict, out_dir: str | Path, title: str, notes: str = "") -> Path:
