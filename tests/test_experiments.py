@@ -61,3 +61,26 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     html = (tmp_path / "didpo.html").read_text()
     assert 'src="plotly.min.js"' in html and '"name":"grpo seed 0"' in html.replace(" ", "")
     assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000  # shared by every figure
+
+
+def test_finished_runs_are_recognised_and_summarised(tmp_path):
+    from labkit.config import to_dict
+    from labkit.experiments import ExperimentConfig, base_train_config, finished_run, summarise_run
+
+    exp = ExperimentConfig(steps=2, eval_every=1)
+    cfg = base_train_config(exp, 0, str(tmp_path))
+    assert not finished_run(tmp_path, cfg)  # empty folder
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(cfg)))
+    rows = [{"step": s, "time/step": 2.0, "reward/mean": 0.5 + s / 10} for s in (1, 2)]
+    evals = [{"step": s, "eval/pass_at_1": 0.4 + s / 20, "time/eval": 3.0} for s in (0, 1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    assert not finished_run(tmp_path, cfg)  # the final evaluation is missing
+    with open(tmp_path / "eval.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2, "eval/pass_at_1": 0.55, "time/eval": 3.0}) + "\n")
+    assert finished_run(tmp_path, cfg)
+    cfg.optim.lr = 1.0  # another config: train again
+    assert not finished_run(tmp_path, cfg)
+    s = summarise_run(tmp_path, 0)
+    assert s["wall_s"] == 2 * 2.0 + 3 * 3.0 and s["s_per_step"] == 2.0
+    assert s["curve"] == [[0, 0.4], [1, 0.45], [2, 0.55]] and s["train_reward_last"] == 0.7
