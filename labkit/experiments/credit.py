@@ -39,6 +39,7 @@ from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import Candidate
 from labkit.experiments import RESULTS
+from labkit.loops.metrics import average_ranks
 from labkit.seeding import derive_seed
 
 
@@ -83,21 +84,6 @@ ESTIMATORS = {  # label -> (registered estimator, uses the fork options)
 
 
 # ============================================================================= metrics
-
-
-def average_ranks(xs) -> list[float]:
-    """Ranks 1..n, ties sharing the mean of their positions."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    ranks = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
 
 
 def spearman(x, y) -> float:

@@ -58,3 +58,18 @@ def status_metrics(statuses: Sequence[str]) -> dict:
     """``exec/<status>``: share of each sandbox status in the batch."""
     n = max(1, len(statuses))
     return {f"exec/{s}": c / n for s, c in sorted(Counter(statuses).items())}
+
+
+def average_ranks(xs) -> list[float]:
+    """Ranks 1..n, ties sharing the mean of their positions."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from labkit.credit.registry import Registry
 from labkit.env.records import RepairTask
+from labkit.loops.metrics import average_ranks
 
 # ============================================================================= losses
 
@@ -89,16 +90,7 @@ def auc(scores: Sequence[float], labels: Sequence[float]) -> float:
     if not pos or not neg:
         return float("nan")
     # rank-based: sum of positive ranks (average ranks for ties)
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
+    ranks = average_ranks(scores)
     r_pos = sum(r for r, y in zip(ranks, labels) if y > 0.5)
     n_pos, n_neg = len(pos), len(neg)
     return (r_pos - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
