@@ -1,7 +1,7 @@
 """Batched sampling of repair attempts, and the training-forward log-prob path.
 
-:func:`sample` draws G completions for each task in one batched ``generate`` call (KV
-cache on) and returns :class:`Rollout` records with everything later floors need: token
+:func:`sample` draws G completions for each task in batched decoding (KV cache on; labkit's
+:func:`decode` loop by default, ``model.generate`` with ``engine="generate"``) and returns :class:`Rollout` records with everything later floors need: token
 ids, the sampling log-probs ``log softmax(z / T)`` of the chosen tokens, the completion
 mask, the text, the extracted program, and each token's character span in the completion
 so that code spans (diff hunks, anchors) map onto tokens exactly.
@@ -9,7 +9,7 @@ so that code spans (diff hunks, anchors) map onto tokens exactly.
 :func:`sequence_logprobs` recomputes the same log-probs with one teacher-forced forward
 pass (what the policy-gradient update differentiates); a test checks the two agree.
 
-:func:`sample_with_cache` also hands back the key/value cache ``generate`` built, one
+:func:`sample_with_cache` also hands back the key/value cache the decoding built, one
 :class:`KVRow` per rollout, so that counterfactual forks (:mod:`labkit.policy.forking`)
 continue from a factual prefix without encoding it again.
 """
@@ -37,7 +37,7 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     batch_size: int = 64
-    """Sequences per ``generate`` call (tasks x G are chunked to fit)."""
+    """Sequences decoded together (tasks x G are chunked to fit)."""
     stop_strings: tuple[str, ...] = ()
     """Extra stop strings besides EOS, e.g. ("\\n###",). Off by default: checking them in
     ``generate`` halves the sampling speed of a small model, and :func:`extract_code` cuts
