@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.env.records import Candidate, RepairTask, SandboxResult
-from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout,
+from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
 from labkit.seeding import derive_seed
 
@@ -225,13 +225,7 @@ class Proposal:
     """``log b(y_t | x, y_<t)``, same distribution."""
 
 
-def top_p_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The nucleus: per row, the smallest set of most likely tokens whose mass reaches
-    ``top_p`` (a token is kept when the mass strictly before it is ``< top_p``). ``[N, V]``
-    probabilities -> ``[N, V]`` bool."""
-    sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
-    before = sorted_p.cumsum(-1) - sorted_p  # [N, V] mass strictly before each token
-    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+top_p_mask = nucleus  # the same nucleus rule as sampling (labkit.policy.rollout)
 
 
 def alternative_probs(logits: torch.Tensor, factual: torch.Tensor, temperature: float,
