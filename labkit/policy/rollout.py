@@ -3,8 +3,9 @@
 :func:`sample` draws G completions for each task in batched decoding (KV cache on;
 labkit's :func:`decode` loop by default, ``model.generate`` with ``engine="generate"``) and
 returns :class:`Rollout` records with everything later floors need: token ids, the sampling
-log-probs ``log softmax(z / T)`` of the chosen tokens, the completion mask, the text, the extracted program, and each token's character span in the completion
-so that code spans (diff hunks, anchors) map onto tokens exactly.
+log-probs ``log softmax(z / T)`` of the chosen tokens, the completion mask, the text, the
+extracted program, and each token's character span in the completion so that code spans
+(diff hunks, anchors) map onto tokens exactly.
 
 :func:`sequence_logprobs` recomputes the same log-probs with one teacher-forced forward
 pass (what the policy-gradient update differentiates); a test checks the two agree.
