@@ -54,8 +54,8 @@ def test_recomputed_logprobs_match_sampling(policy, temperature):
     assert batch["completion_mask"].sum() == sum(len(r.completion_ids) for r in rs)
 
 
-@pytest.mark.parametrize("engine", ["loop", "generate"])
-def test_both_engines_agree_with_the_training_forward(policy, engine):
+@pytest.mark.parametrize("engine", ["lean", "loop", "generate"])
+def test_every_engine_agree_with_the_training_forward(policy, engine):
     cfg = SamplingConfig(group_size=3, temperature=0.9, top_p=0.8, max_new_tokens=12, engine=engine)
     rs = sample(policy, [_task(0), _task(2)], cfg)
     batch = collate(rs, policy.tokenizer.pad_token_id)

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine", choices=["loop", "generate"], default="loop",
+    p.add_argument("--engine", choices=["lean", "loop", "generate"], default="lean",
                    help="labkit's sampling engine (SamplingConfig.engine)")
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)

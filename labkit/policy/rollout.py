@@ -28,6 +28,9 @@ from labkit.env.records import RepairTask
 from labkit.policy.prompts import build_prompt, extract_code
 
 
+ENGINES = ("lean", "loop", "generate")
+
+
 @dataclass
 class SamplingConfig:
     """How completions are sampled."""
@@ -44,14 +47,15 @@ class SamplingConfig:
     ``generate`` halves the sampling speed of a small model, and :func:`extract_code` cuts
     a completion at a new ``###`` section anyway."""
     seed: int = 0
-    engine: Literal["loop", "generate"] = "loop"
-    """``loop``: labkit's own decode loop (:func:`decode`: prefill, then one cached forward
-    per token, the same distribution as ``generate`` with less per-token overhead);
-    ``generate``: transformers' ``model.generate``."""
+    engine: Literal["lean", "loop", "generate"] = "lean"
+    """``lean``: labkit's decode loop (:func:`decode`) with :class:`~labkit.policy.lean.LeanStep`
+    computing each new token from the model's modules (Llama-family models; others fall
+    back to ``loop``); ``loop``: the same loop calling ``model(...)`` per token;
+    ``generate``: transformers' ``model.generate``. All three sample the same distribution."""
 
     def validate(self) -> None:
-        if self.engine not in ("loop", "generate"):
-            raise ValueError(f"engine must be 'loop' or 'generate', got {self.engine!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
         if self.temperature <= 0:
@@ -210,8 +214,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     nucleus and renormalised; records ``log softmax(z_t / T)[y_t]`` (unrestricted, the
     behaviour log-prob the update's importance ratio uses).
 
-    One prefill forward over the left-padded prompts (positions = cumulative mask - 1), then
-    one forward per token for the whole batch; finished rows keep receiving ``pad_id``
+    One prefill forward over the distinct left-padded prompts (positions = cumulative mask
+    - 1; the G copies of a prompt share it), then one step per token for the whole batch
+    (``engine="lean"``: :class:`~labkit.policy.lean.LeanStep`, else ``model(...)``); finished rows keep receiving ``pad_id``
     (masked in) until every row has ended or ``max_new_tokens`` is reached, as ``generate``
     does. The sampling distribution is ``generate``'s (temperature, then top-p, no top-k);
     most completions come out token-identical to it under the same seed, but not all, so
@@ -223,14 +228,25 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     """
     from transformers import DynamicCache
 
+    from labkit.policy import lean
+
     b = input_ids.shape[0]
     stops = tuple(cfg.stop_strings)
     eos = torch.tensor(sorted(eos_ids), device=input_ids.device)
     cache = DynamicCache(config=model.config)
     attn = attention_mask
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, cache=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+    # Prefill each distinct prompt once (a GRPO chunk holds G copies of each), then give
+    # every row its prompt's cache and next-token logits.
+    first, inv = _distinct_rows(input_ids, attn)
+    logits = model(input_ids=input_ids[first], attention_mask=attn[first], position_ids=pos[first],
+                   cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [u, V]
+    if len(first) < b:
+        logits = logits[inv]  # [b, V]
+        cache.reorder_cache(inv)
+    step = None
+    if cfg.engine == "lean" and lean.supports(model, input_ids.shape[1] + cfg.max_new_tokens) is None:
+        step = lean.LeanStep(model, cache, attn, capacity=cfg.max_new_tokens)
     next_pos = pos[:, -1:] + 1  # [b, 1]
     alive = torch.ones(b, dtype=torch.bool, device=input_ids.device)
     toks, lps = [], []
@@ -252,11 +268,28 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
                     alive[i] = False
         if not alive.any() or t == cfg.max_new_tokens - 1:
             break
-        attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
-        logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
-                       cache=cache, use_cache=True).logits[:, -1]
+        if step is not None:
+            logits = step(y, next_pos)
+        else:
+            attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
+            logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
+                           cache=cache, use_cache=True).logits[:, -1]
         next_pos = next_pos + 1
-    return torch.stack(toks, 1), torch.stack(lps, 1), cache
+    return torch.stack(toks, 1), torch.stack(lps, 1), (cache if step is None else step.to_cache())
+
+
+def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, inv)``: the first row of each distinct (ids, mask) row, and for every row
+    the index of its distinct row in ``first`` (``ids[first][inv] == ids``)."""
+    seen: dict[tuple, int] = {}
+    first, inv = [], []
+    for r, key in enumerate(zip(ids.tolist(), mask.tolist())):
+        k = (tuple(key[0]), tuple(key[1]))
+        if k not in seen:
+            seen[k] = len(first)
+            first.append(r)
+        inv.append(seen[k])
+    return (torch.tensor(first, device=ids.device), torch.tensor(inv, device=ids.device))
 
 
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
@@ -284,7 +317,7 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
         enc = tok([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True,
                   add_special_tokens=False).to(policy.device)
         P = enc.input_ids.shape[1]
-        if cfg.engine == "loop":
+        if cfg.engine in ("lean", "loop"):
             new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
                                         pad_id, tokenizer=tok)
         else:

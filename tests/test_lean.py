@@ -1,0 +1,131 @@
+"""The lean decode step computes the model's own forward, token by token (Llama and Qwen2
+shapes, GQA, attention bias, LoRA), and sampling with it gives the loop engine's tokens."""
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from labkit.policy import lean
+from labkit.policy.rollout import SamplingConfig, _distinct_rows, sample
+
+
+def _qwen2():
+    torch.manual_seed(1)
+    cfg = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+                      rope_theta=1000.0, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _llama():
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    m = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                         lora_dropout=0.0, init_lora_weights=False))
+    return m.eval()
+
+
+def _check_against_forward(model, steps=6):
+    """Prefill a left-padded batch, then compare LeanStep with ``model(...)`` per token."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 90, (3, 9), generator=g)
+    att = torch.ones_like(ids)
+    att[0, :4] = 0
+    att[2, :1] = 0
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    caches = []
+    for _ in range(2):
+        c = DynamicCache(config=lean.causal_lm(model).config)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+        caches.append(c)
+    step = lean.LeanStep(model, caches[0], att, capacity=steps)
+    p = pos[:, -1:] + 1
+    for _ in range(steps):
+        y = torch.randint(3, 90, (3,), generator=g)
+        got = step(y, p)
+        att = torch.cat([att, att.new_ones(3, 1)], 1)
+        with torch.no_grad():
+            want = model(input_ids=y[:, None], attention_mask=att, position_ids=p, cache=caches[1],
+                         use_cache=True).logits[:, -1]
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+        p = p + 1
+    # the cache it hands back holds the same keys and values as the model's own
+    back = step.to_cache()
+    for mine, theirs in zip(back.layers, caches[1].layers):
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
+        assert torch.allclose(mine.values, theirs.values, atol=1e-5)
+    with pytest.raises(RuntimeError, match="buffer full"):
+        step(y, p)
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_lean_step_matches_the_model_forward(make):
+    model = make()
+    assert lean.supports(model) is None
+    _check_against_forward(model)
+
+
+def test_lean_step_runs_lora_layers_unfused():
+    model = _lora(_qwen2())
+    assert lean.supports(model) is None
+    _check_against_forward(model)
+    step = lean.LeanStep(model, _prefilled(model), torch.ones(1, 2, dtype=torch.long), capacity=1)
+    # the wrapped projections are called as modules (their adapters apply), not fused
+    attn = lean.causal_lm(model).model.layers[0].self_attn
+    assert not lean._plain(attn.q_proj) and lean._plain(attn.k_proj)
+    assert step.mlp[0] is lean.causal_lm(model).model.layers[0].mlp
+
+
+def _prefilled(model):
+    c = DynamicCache(config=lean.causal_lm(model).config)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6]]), cache=c, use_cache=True)
+    return c
+
+
+def test_supports_names_what_it_does_not_handle():
+    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    assert "gpt2" in lean.supports(gpt2)
+    mis = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+                                           num_hidden_layers=1, num_attention_heads=2,
+                                           num_key_value_heads=1, sliding_window=8))
+    assert "sliding-window" in lean.supports(mis, max_len=64)
+    assert lean.supports(mis, max_len=8) is None
+    assert "hidden_act" in lean.supports(LlamaForCausalLM(LlamaConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, hidden_act="gelu")))
+
+
+def test_distinct_rows_golden():
+    ids = torch.tensor([[1, 2], [3, 4], [1, 2], [1, 2], [3, 4]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [0, 1], [1, 1]])
+    first, inv = _distinct_rows(ids, mask)
+    assert first.tolist() == [0, 1, 3]  # row 3 differs from row 0 by its mask
+    assert inv.tolist() == [0, 1, 0, 2, 1]
+    assert torch.equal(ids[first][inv], ids)
+
+
+def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir):
+    from labkit.env.records import RepairTask, TestSuite
+    from labkit.policy.loading import load_policy
+
+    policy = load_policy(str(random_model_dir))
+    tasks = [RepairTask(task_id=f"t{i}", problem_id=f"p{i}", source="s", prompt="", entry_point="f",
+                        buggy_code="def f(x):\n    return x\n" + "# pad\n" * i,
+                        reference_code="def f(x):\n    return x\n", tests=TestSuite()) for i in (0, 3)]
+    runs = {e: sample(policy, tasks, SamplingConfig(group_size=3, temperature=1.0, max_new_tokens=20,
+                                                    engine=e, seed=4)) for e in ("lean", "loop")}
+    for a, b in zip(runs["lean"], runs["loop"]):
+        assert a.completion_ids == b.completion_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
