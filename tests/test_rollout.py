@@ -107,3 +107,13 @@ def test_pass_at_k_golden():
     assert pass_at_k(8, 2, 1) == pytest.approx(0.25)
     assert pass_at_k(8, 2, 8) == 1.0
     assert pass_at_k(8, 1, 2) == pytest.approx(1 - (7 / 8) * (6 / 7))
+
+
+def test_exponential_race_draws_the_categorical():
+    from labkit.policy.rollout import _categorical
+
+    torch.manual_seed(0)
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0]).expand(40000, 4)
+    freq = torch.bincount(_categorical(p), minlength=4).float() / 40000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.01), freq
+    assert freq[3] == 0  # a token outside the nucleus (p = 0) is never drawn

@@ -7,7 +7,9 @@ per batch, token-mean loss (TRL's ``loss_type="dapo"``), group-std advantages. T
 on CPU with ``use_cpu=True, bf16=False, fp16=False`` set explicitly and gradient
 checkpointing off (its default is on).
 
-Prints the median seconds per step of each (after ``--warmup`` steps), their ratio, and
+Runs each trainer ``--repeats`` times, alternating (labkit, TRL, TRL, labkit, ...) so that a
+change of machine load weighs on both; prints the median seconds per step of each (after
+``--warmup`` steps, pooled over its runs), their ratio, and
 both runs' mean rewards; the last line is one JSON object.
 """
 
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs of each trainer, alternated (medians pool their steps)")
     p.add_argument("--engine", choices=["lean", "loop", "generate"], default="lean",
                    help="labkit's sampling engine (SamplingConfig.engine)")
     args = p.parse_args(argv)
@@ -162,13 +166,23 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(args.steps):
             order += random.Random(derive_seed(args.seed, "tasks", step)).sample(tasks, args.prompts)
         prompts = [plain_prompt(t) for t in order]
-        lab = run_labkit(model_dir, tasks, args, tmp / "labkit")
-        trl = run_trl(model_dir, prompts, args, tmp / "trl")
-    med = lambda xs: statistics.median(xs[args.warmup:] or xs)  # noqa: E731
+        # alternate the two (labkit, TRL, TRL, labkit, ...) so that a change in machine load
+        # during the run weighs on both alike; every run starts from the same weights
+        labs, trls = [], []
+        for rep in range(args.repeats):
+            for who in (("labkit", "trl") if rep % 2 == 0 else ("trl", "labkit")):
+                if who == "labkit":
+                    labs.append(run_labkit(model_dir, tasks, args, tmp / f"labkit{rep}"))
+                else:
+                    trls.append(run_trl(model_dir, prompts, args, tmp / f"trl{rep}"))
+        lab, trl = labs[0], trls[0]
+    med = lambda runs: statistics.median(x for r in runs for x in (r["step_s"][args.warmup:] or r["step_s"]))  # noqa: E731
     out = {
         "bench": "trl", "steps": args.steps, "prompts_per_step": args.prompts, "group": args.group,
-        "completion_tokens": args.tokens, "model": str(model_dir.name),
-        "labkit_step_s": round(med(lab["step_s"]), 4), "trl_step_s": round(med(trl["step_s"]), 4),
+        "completion_tokens": args.tokens, "model": str(model_dir.name), "repeats": args.repeats,
+        "labkit_step_s": round(med(labs), 4), "trl_step_s": round(med(trls), 4),
+        "labkit_step_s_per_repeat": [round(med([r]), 4) for r in labs],
+        "trl_step_s_per_repeat": [round(med([r]), 4) for r in trls],
     }
     out["ratio"] = round(out["labkit_step_s"] / out["trl_step_s"], 3)
     out["target"] = "ratio <= 0.8"
@@ -179,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     out["torch_threads"] = torch.get_num_threads()
     out["labkit_engine"] = args.engine
     print(f"labkit {out['labkit_step_s']} s/step, TRL {out['trl_step_s']} s/step "
-          f"(median after {args.warmup} warm-up steps): ratio {out['ratio']} (target <= 0.8)")
+          f"(median after {args.warmup} warm-up steps, {args.repeats} alternated runs each): ratio {out['ratio']} (target <= 0.8)")
     print(json.dumps(out))
     return 0
 

@@ -11,7 +11,7 @@ layers and rope variants are whatever the model has) and a key/value buffer allo
     for each layer l:
         h      = RMSNorm_l(x)
         q, k, v = W_q h (+b), W_k h (+b), W_v h (+b)          (per head)
-        q, k   = rope(q, pos), rope(k, pos)
+        q, k   = rope(q, pos), rope(k, pos)                  (cos/sin table of the buffer)
         K_l[:, :, L], V_l[:, :, L] = k, v                    (write one column)
         x      = x + W_o softmax(q K_l^T * s + mask) V_l       (GQA: K, V shared by groups)
         x      = x + MLP_l(RMSNorm'_l(x))
@@ -79,11 +79,17 @@ class LeanStep:
         for i, layer in enumerate(cache.layers):
             self.K[i][:, :, :P] = layer.keys
             self.V[i][:, :, :P] = layer.values
-        self.mask = torch.zeros(b, 1, 1, P + capacity, dtype=torch.bool, device=k0.device)
-        self.mask[:, 0, 0, :P] = attention_mask.bool()
+        # additive mask: 0 where a column is attended, -inf on the prompts' left padding
+        self.bias = k0.new_zeros(b, 1, 1, P + capacity)
+        self.bias[:, 0, 0, :P].masked_fill_(~attention_mask.bool(), float("-inf"))
+        # cos/sin of every position the buffer can hold, from the model's rotary module
+        # (its rope variant and scaling), looked up per step instead of recomputed
+        cos, sin = self.inner.rotary_emb(k0.new_zeros(1, 1, d),
+                                         torch.arange(P + capacity, device=k0.device)[None])
+        self.cos, self.sin = cos[0], sin[0]  # [P + capacity, D]
         a = self.layers[0].self_attn
         self.head_dim, self.scaling = a.head_dim, a.scaling
-        self.gqa = a.num_key_value_groups > 1
+        self.kv_heads = h_kv
         self.qkv = [_qkv(layer.self_attn) for layer in self.layers]
         self.mlp = [_mlp(layer.mlp) for layer in self.layers]
 
@@ -92,21 +98,20 @@ class LeanStep:
         L = self.L
         if L >= self.K[0].shape[2]:
             raise RuntimeError(f"lean decode buffer full ({L} columns); raise its capacity")
-        self.mask[:, 0, 0, L] = True
         x = self.inner.embed_tokens(y)  # [b, H]
-        cos, sin = self.inner.rotary_emb(x[:, None], pos)  # [b, 1, D]
-        cos, sin = cos[:, None], sin[:, None]  # [b, 1, 1, D]
-        b, d = x.shape[0], self.head_dim
-        mask = self.mask[..., :L + 1]
+        b, d, h_kv = x.shape[0], self.head_dim, self.kv_heads
+        cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [b, 1, D]
+        bias = self.bias[..., :L + 1]  # [b, 1, 1, L+1]
         for i, (layer, qkv, mlp) in enumerate(zip(self.layers, self.qkv, self.mlp)):
-            a = layer.self_attn
             q, k, v = qkv(_rms(layer.input_layernorm, x))
-            q = _rope(q.view(b, -1, 1, d), cos, sin)  # [b, H, 1, D]
-            self.K[i][:, :, L:L + 1] = _rope(k.view(b, -1, 1, d), cos, sin)  # [b, H_kv, 1, D]
-            self.V[i][:, :, L:L + 1] = v.view(b, -1, 1, d)
-            o = F.scaled_dot_product_attention(q, self.K[i][:, :, :L + 1], self.V[i][:, :, :L + 1],
-                                               attn_mask=mask, scale=self.scaling, enable_gqa=self.gqa)
-            x = x + a.o_proj(o.reshape(b, -1))
+            q = _rope(q.view(b, -1, d), cos, sin)  # [b, H, D]
+            self.K[i][:, :, L] = _rope(k.view(b, -1, d), cos, sin)  # [b, H_kv, D]
+            self.V[i][:, :, L] = v.view(b, -1, d)
+            # one query per row: heads grouped by their key/value head (GQA without copies)
+            scores = torch.matmul(q.view(b, h_kv, -1, d), self.K[i][:, :, :L + 1].transpose(-1, -2))
+            w = torch.softmax(scores * self.scaling + bias, dim=-1)  # [b, H_kv, H/H_kv, L+1]
+            o = torch.matmul(w, self.V[i][:, :, :L + 1])  # [b, H_kv, H/H_kv, D]
+            x = x + layer.self_attn.o_proj(o.reshape(b, -1))
             x = x + mlp(_rms(layer.post_attention_layernorm, x))
         self.L = L + 1
         return self.lm.lm_head(_rms(self.inner.norm, x))
