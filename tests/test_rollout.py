@@ -117,3 +117,22 @@ def test_exponential_race_draws_the_categorical():
     freq = torch.bincount(_categorical(p), minlength=4).float() / 40000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.01), freq
     assert freq[3] == 0  # a token outside the nucleus (p = 0) is never drawn
+
+
+def test_shared_prompt_forward_equals_the_full_forward_and_its_gradient(policy):
+    """A GRPO batch's G copies of a prompt run once: same log-probs, same gradients."""
+    cfg = SamplingConfig(group_size=3, temperature=1.0, max_new_tokens=14, stop_strings=())
+    rs = sample(policy, [_task(0), _task(3)], cfg)
+    batch = collate(rs, policy.tokenizer.pad_token_id)
+    model = policy.model
+    grads = []
+    for share in (True, False):
+        model.zero_grad()
+        logp, ent = sequence_logprobs(model, batch, 1.0, with_entropy=True, share_prompts=share)
+        (logp.sum() + 0.1 * (ent * batch["completion_mask"]).sum()).backward()
+        grads.append(([p.grad.clone() for p in model.parameters()], logp.detach(), ent.detach()))
+    (g1, l1, e1), (g2, l2, e2) = grads
+    assert torch.allclose(l1, l2, atol=1e-5) and torch.allclose(e1, e2, atol=1e-5)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+    model.zero_grad()

@@ -382,19 +382,38 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, device=None) -> dict[str, 
     return batch
 
 
-def sequence_logprobs(model, batch: dict, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy: bool = False,
+                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token ``log softmax(z / T)`` of the completion tokens, ``[B, T]`` (and entropy).
 
-    One teacher-forced forward over prompt + completion; logits at position ``P + t - 1``
-    predict completion token ``t``.
+    Teacher-forced: logits at position ``P + t - 1`` predict completion token ``t``. With
+    ``share_prompts`` (and rows that repeat a prompt, as a GRPO batch's G samples do) each
+    distinct prompt runs through the model once, its keys and values are indexed out to
+    its rows, and only the completions run per row: the same function of the parameters
+    (gradients flow back through the shared prompt into every row that uses it), with
+    ``(G - 1) / G`` of the prompt compute left out. Otherwise one forward over prompt +
+    completion.
     """
     P = batch["prompt_len"]
-    T = batch["input_ids"].shape[1] - P
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=T + 1)
-    logits = out.logits[:, :-1, :].float() / temperature  # [B, T, V] (positions P-1 .. P+T-2)
-    targets = batch["input_ids"][:, P:]  # [B, T]
+    ids, attn, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    T = ids.shape[1] - P
+    first, inv = _distinct_rows(ids[:, :P], attn[:, :P]) if share_prompts and T > 0 else (None, None)
+    if first is None or len(first) == ids.shape[0]:
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                    logits_to_keep=T + 1)
+        logits = out.logits[:, :-1, :]  # [B, T, V] (positions P-1 .. P+T-2)
+    else:
+        head = model(input_ids=ids[first, :P], attention_mask=attn[first, :P],
+                     position_ids=pos[first, :P], use_cache=True, logits_to_keep=1)
+        cache = head.cache
+        cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
+        tail = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1], position_ids=pos[:, P:-1],
+                     cache=cache, use_cache=True) if T > 1 else None
+        logits = head.logits[inv]  # [B, 1, V]: predicts completion token 0
+        if tail is not None:
+            logits = torch.cat([logits, tail.logits], dim=1)  # [B, T, V]
+    logits = logits.float() / temperature
+    targets = ids[:, P:]  # [B, T]
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
     ent = None
