@@ -79,8 +79,21 @@ def test_finished_runs_are_recognised_and_summarised(tmp_path):
     with open(tmp_path / "eval.jsonl", "a") as f:
         f.write(json.dumps({"step": 2, "eval/pass_at_1": 0.55, "time/eval": 3.0}) + "\n")
     assert finished_run(tmp_path, cfg)
+    moved = base_train_config(exp, 0, str(tmp_path / "elsewhere"))
+    assert finished_run(tmp_path, moved)  # the same run, filed under another experiment
     cfg.optim.lr = 1.0  # another config: train again
     assert not finished_run(tmp_path, cfg)
     s = summarise_run(tmp_path, 0)
     assert s["wall_s"] == 2 * 2.0 + 3 * 3.0 and s["s_per_step"] == 2.0
     assert s["curve"] == [[0, 0.4], [1, 0.45], [2, 0.55]] and s["train_reward_last"] == 0.7
+
+
+def test_didpo_fork_steps_sets_the_fork_budget_only():
+    from labkit.experiments import base_train_config
+
+    didpo = load("didpo")
+    exp = didpo.Config(steps=40, eval_every=20, fork_steps=8)
+    for method, steps, every in (("grpo", 40, 20), ("didpo", 40, 20), ("didpo_fork", 8, 8)):
+        cfg = base_train_config(exp, 0, "runs/x")
+        didpo._configure(exp)(method, cfg)
+        assert (cfg.estimator, cfg.steps, cfg.eval_every) == (method, steps, every)

@@ -72,8 +72,13 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
     })
 
 
-def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None) -> dict:
-    """Train every method with every seed; collect eval curves and timings."""
+def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
+                aliases: dict[str, str] | None = None) -> dict:
+    """Train every method with every seed; collect eval curves and timings.
+
+    ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``) that
+    trains the identical configuration: a finished run of it is reused instead of trained
+    again (the config, run folder aside, must match exactly)."""
     results: dict = {"experiment": name, "config": to_dict(exp), "methods": {}}
     for method, make in methods.items():
         per_seed = []
@@ -83,9 +88,12 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None)
             cfg.reshape = make()
             if configure:
                 configure(method, cfg)
-            if exp.reuse_finished and finished_run(run_dir, cfg):
-                per_seed.append(summarise_run(run_dir, seed))
-                print(f"{method} seed {seed}: reusing the finished run in {run_dir}", flush=True)
+            same = [run_dir] + ([f"{exp.run_root}/{aliases[method]}/seed{seed}"]
+                                if aliases and method in aliases else [])
+            done = next((d for d in same if finished_run(d, cfg)), None) if exp.reuse_finished else None
+            if done:
+                per_seed.append(summarise_run(done, seed))
+                print(f"{method} seed {seed}: reusing the finished run in {done}", flush=True)
                 continue
             t0 = time.time()
             tr = Trainer(cfg)
@@ -99,11 +107,13 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None)
 
 
 def finished_run(run_dir: str | Path, cfg: TrainConfig) -> bool:
-    """True when ``run_dir`` holds a run of exactly ``cfg`` that reached ``cfg.steps`` and
-    logged its final evaluation."""
+    """True when ``run_dir`` holds a run of exactly ``cfg`` (wherever its folder was) that
+    reached ``cfg.steps`` and logged its final evaluation."""
     d = Path(run_dir)
     try:
-        same = json.loads((d / "config.json").read_text()) == json.loads(json.dumps(to_dict(cfg)))
+        theirs = json.loads((d / "config.json").read_text())
+        ours = json.loads(json.dumps(to_dict(cfg)))
+        same = {**theirs, "run_dir": None} == {**ours, "run_dir": None}
         steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
         evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):

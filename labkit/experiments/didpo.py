@@ -28,6 +28,10 @@ class Config(ExperimentConfig):
     ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff", "didpo_additive_gs")
     ablation_seed: int = 0
     lr: float = 2e-5
+    fork_steps: int = 0
+    """Steps for ``didpo_fork`` (0 = ``steps``). Forking costs several steps' compute, so a
+    smaller budget here gives it about GRPO's wall clock directly (``didpo_fork@wall``
+    still reads its curve at GRPO's measured wall time)."""
     out: str = str(RESULTS)
 
 
@@ -36,8 +40,14 @@ def _method(estimator: str):
     return ReshapeConfig.raw
 
 
-def _configure(method: str, cfg) -> None:
-    cfg.estimator = method
+def _configure(exp: Config):
+    def configure(method: str, cfg) -> None:
+        cfg.estimator = method
+        if method.startswith("didpo_fork") and exp.fork_steps:
+            cfg.steps = exp.fork_steps
+            cfg.eval_every = min(cfg.eval_every, exp.fork_steps) if cfg.eval_every else 0
+            cfg.checkpoint_every = max(1, exp.fork_steps // 3)
+    return configure
 
 
 def equal_wall(grpo: dict, fork: dict) -> dict:
@@ -66,10 +76,11 @@ def equal_wall(grpo: dict, fork: dict) -> dict:
 
 
 def run(exp: Config) -> Path:
-    main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure)
+    main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure(exp),
+                       aliases={"grpo": "reshaping/raw_grpo"})  # the same run as raw GRPO there
     if exp.ablations:
         one = dataclasses.replace(exp, seeds=(exp.ablation_seed,))
-        abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, one, configure=_configure)
+        abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, one, configure=_configure(exp))
         for m, r in abl["methods"].items():
             main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
     if "grpo" in main["methods"] and "didpo_fork" in main["methods"]:
@@ -81,5 +92,7 @@ def run(exp: Config) -> Path:
         f"{exp.eval_k} samples at T = 0.7. Only the advantage estimator differs: `grpo` (sequence "
         "advantage broadcast to tokens), `didpo` (A_E + lambda A_D over diff anchors, lambda 1), "
         "`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline). Ablations on seed "
-        f"{exp.ablation_seed} only. `didpo_fork@wall`: the fork runs read at GRPO's wall time.")
+        f"{exp.ablation_seed} only. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
+        + (f" `didpo_fork` runs {exp.fork_steps} steps (its cost per step is several of GRPO's)."
+           if exp.fork_steps else ""))
     return write_report(main, exp.out, "GRPO vs DiDPO vs DiDPO-fork on the tiny model", notes)
