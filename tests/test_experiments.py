@@ -88,12 +88,13 @@ def test_finished_runs_are_recognised_and_summarised(tmp_path):
     assert s["curve"] == [[0, 0.4], [1, 0.45], [2, 0.55]] and s["train_reward_last"] == 0.7
 
 
-def test_didpo_fork_steps_sets_the_fork_budget_only():
+def test_didpo_fork_and_ablation_steps_set_their_budgets_only():
     from labkit.experiments import base_train_config
 
     didpo = load("didpo")
-    exp = didpo.Config(steps=40, eval_every=20, fork_steps=8)
-    for method, steps, every in (("grpo", 40, 20), ("didpo", 40, 20), ("didpo_fork", 8, 8)):
+    exp = didpo.Config(steps=40, eval_every=20, fork_steps=8, ablation_steps=20)
+    for method, steps, every in (("grpo", 40, 20), ("didpo", 40, 20), ("didpo_fork", 8, 8),
+                                 ("didpo_no_ae", 20, 20)):
         cfg = base_train_config(exp, 0, "runs/x")
         didpo._configure(exp)(method, cfg)
         assert (cfg.estimator, cfg.steps, cfg.eval_every) == (method, steps, every)

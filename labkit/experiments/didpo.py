@@ -32,6 +32,9 @@ class Config(ExperimentConfig):
     """Steps for ``didpo_fork`` (0 = ``steps``). Forking costs several steps' compute, so a
     smaller budget here gives it about GRPO's wall clock directly (``didpo_fork@wall``
     still reads its curve at GRPO's measured wall time)."""
+    ablation_steps: int = 0
+    """Steps for the ablations (0 = ``steps``); compare them with the main methods'
+    evaluation at that step (``eval_every`` should divide it)."""
     out: str = str(RESULTS)
 
 
@@ -47,6 +50,9 @@ def _configure(exp: Config):
             cfg.steps = exp.fork_steps
             cfg.eval_every = min(cfg.eval_every, exp.fork_steps) if cfg.eval_every else 0
             cfg.checkpoint_every = max(1, exp.fork_steps // 3)
+        elif method in exp.ablations and exp.ablation_steps:
+            cfg.steps = exp.ablation_steps
+            cfg.checkpoint_every = max(1, exp.ablation_steps // 3)
     return configure
 
 
@@ -94,5 +100,7 @@ def run(exp: Config) -> Path:
         "`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline). Ablations on seed "
         f"{exp.ablation_seed} only. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
         + (f" `didpo_fork` runs {exp.fork_steps} steps (its cost per step is several of GRPO's)."
-           if exp.fork_steps else ""))
+           if exp.fork_steps else "")
+        + (f" The ablations run {exp.ablation_steps} steps: compare them with the main methods' "
+           f"evaluation at step {exp.ablation_steps} (in the per-seed curves)." if exp.ablation_steps else ""))
     return write_report(main, exp.out, "GRPO vs DiDPO vs DiDPO-fork on the tiny model", notes)
