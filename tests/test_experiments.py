@@ -98,3 +98,27 @@ def test_didpo_fork_and_ablation_steps_set_their_budgets_only():
         cfg = base_train_config(exp, 0, "runs/x")
         didpo._configure(exp)(method, cfg)
         assert (cfg.estimator, cfg.steps, cfg.eval_every) == (method, steps, every)
+
+
+def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
+    from labkit.config import to_dict
+    from labkit.experiments import ExperimentConfig, base_train_config, prepare_run_dir
+
+    run = tmp_path / "seed0"
+    cfg = base_train_config(ExperimentConfig(steps=6), 0, str(run))
+    assert prepare_run_dir(run, cfg) is False  # nothing there
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    ck = run / "checkpoints" / "step_000002"
+    ck.mkdir(parents=True)
+    assert prepare_run_dir(run, cfg) is False  # no complete checkpoint: start over, keep the old
+    assert not run.exists() and (tmp_path / "seed0.replaced-1" / "metrics.jsonl").exists()
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "COMPLETE").write_text("ok\n")
+    assert prepare_run_dir(run, cfg) is True  # same config, a checkpoint: resume
+    cfg.optim.lr = 1.0
+    assert prepare_run_dir(run, cfg) is False  # another config: moved aside, not appended to
+    assert (tmp_path / "seed0.replaced-2" / "config.json").exists() and not run.exists()

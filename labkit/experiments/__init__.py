@@ -54,8 +54,9 @@ class ExperimentConfig:
     run_root: str = "runs/experiments"
     policy: str = "tiny"
     reuse_finished: bool = True
-    """Keep a run whose folder already holds a finished run of the same config (an
-    interrupted experiment picks up where it stopped; finished runs are not trained again)."""
+    """Keep a run whose folder already holds a finished run of the same config: finished
+    runs are not trained again, and an interrupted one resumes from its last checkpoint
+    (:func:`prepare_run_dir`)."""
 
 
 def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
@@ -96,7 +97,10 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                 print(f"{method} seed {seed}: reusing the finished run in {done}", flush=True)
                 continue
             t0 = time.time()
+            resume = prepare_run_dir(run_dir, cfg)
             tr = Trainer(cfg)
+            if resume:
+                print(f"{method} seed {seed}: resuming {run_dir} from step {tr.load_checkpoint()}", flush=True)
             tr.train(progress=True)
             tr.close()
             per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
@@ -104,6 +108,30 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
         results["methods"][method] = summarise_method(per_seed)
     return results
+
+
+def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
+    """Before training ``cfg`` in ``run_dir``: True if the folder holds an unfinished run of
+    the same config with a complete checkpoint (resume it). A folder holding anything else
+    (another config, or no checkpoint to resume from) is moved aside to
+    ``<run_dir>.replaced-<n>``, never overwritten or appended to; returns False."""
+    from labkit.loops.trainer import latest_checkpoint
+
+    d = Path(run_dir)
+    if not d.exists() or not any(d.iterdir()):
+        return False
+    try:
+        theirs = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError):
+        theirs = None
+    if theirs == json.loads(json.dumps(to_dict(cfg))) and latest_checkpoint(d) is not None:
+        return True
+    n = 1
+    while d.with_name(f"{d.name}.replaced-{n}").exists():
+        n += 1
+    d.rename(d.with_name(f"{d.name}.replaced-{n}"))
+    print(f"{d}: held another or unresumable run; moved to {d.name}.replaced-{n}", flush=True)
+    return False
 
 
 def finished_run(run_dir: str | Path, cfg: TrainConfig) -> bool:
