@@ -81,6 +81,12 @@ def test_finished_runs_are_recognised_and_summarised(tmp_path):
     assert finished_run(tmp_path, cfg)
     moved = base_train_config(exp, 0, str(tmp_path / "elsewhere"))
     assert finished_run(tmp_path, moved)  # the same run, filed under another experiment
+    shorter = base_train_config(ExperimentConfig(steps=1, eval_every=1), 0, str(tmp_path / "x"))
+    assert not finished_run(tmp_path, shorter)  # a 1-step run is not this 2-step run ...
+    assert finished_run(tmp_path, shorter, prefix=True)  # ... but is its first step (evaluated)
+    assert summarise_run(tmp_path, 0, upto=1)["curve"] == [[0, 0.4], [1, 0.45]]
+    shorter.optim.schedule = "cosine"  # the lr at step 1 would depend on the total: no prefix
+    assert not finished_run(tmp_path, shorter, prefix=True)
     cfg.optim.lr = 1.0  # another config: train again
     assert not finished_run(tmp_path, cfg)
     s = summarise_run(tmp_path, 0)

@@ -89,12 +89,17 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             cfg.reshape = make()
             if configure:
                 configure(method, cfg)
-            same = [run_dir] + ([f"{exp.run_root}/{aliases[method]}/seed{seed}"]
-                                if aliases and method in aliases else [])
-            done = next((d for d in same if finished_run(d, cfg)), None) if exp.reuse_finished else None
+            alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
+            done = None
+            if exp.reuse_finished:
+                if finished_run(run_dir, cfg):
+                    done = run_dir
+                elif alias and finished_run(alias, cfg, prefix=True):
+                    done = alias
             if done:
-                per_seed.append(summarise_run(done, seed))
-                print(f"{method} seed {seed}: reusing the finished run in {done}", flush=True)
+                per_seed.append(summarise_run(done, seed, upto=cfg.steps))
+                print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
+                      f"{cfg.steps} steps)", flush=True)
                 continue
             t0 = time.time()
             resume = prepare_run_dir(run_dir, cfg)
@@ -134,28 +139,44 @@ def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
     return False
 
 
-def finished_run(run_dir: str | Path, cfg: TrainConfig) -> bool:
+def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False) -> bool:
     """True when ``run_dir`` holds a run of exactly ``cfg`` (wherever its folder was) that
-    reached ``cfg.steps`` and logged its final evaluation."""
+    reached ``cfg.steps`` and logged its final evaluation.
+
+    ``prefix``: also accept a longer finished run of the same config that evaluated at step
+    ``cfg.steps``, when the learning rate is constant without warm-up: its first
+    ``cfg.steps`` steps are then exactly a ``cfg.steps``-step run (everything random derives
+    from ``(seed, step)``), read with ``summarise_run(..., upto=cfg.steps)``."""
     d = Path(run_dir)
     try:
         theirs = json.loads((d / "config.json").read_text())
         ours = json.loads(json.dumps(to_dict(cfg)))
-        same = {**theirs, "run_dir": None} == {**ours, "run_dir": None}
         steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
         evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return False
-    return same and bool(steps) and steps[-1]["step"] == cfg.steps and evals[-1]["step"] == cfg.steps
+    if not steps or not evals or steps[-1]["step"] != theirs.get("steps") or evals[-1]["step"] != theirs.get("steps"):
+        return False
+    ignore = {"run_dir": None}
+    if prefix and cfg.optim.schedule == "constant" and not cfg.optim.warmup_steps:
+        ignore |= {"steps": None, "checkpoint_every": None}
+        if theirs["steps"] < cfg.steps or not any(e["step"] == cfg.steps for e in evals):
+            return False
+    return {**theirs, **ignore} == {**ours, **ignore}
 
 
-def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None) -> dict:
+def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,
+                  upto: int | None = None) -> dict:
     """One finished run folder -> the per-seed record of a report. Without ``wall_s`` the
-    wall time is the sum of the logged step and evaluation times."""
+    wall time is the sum of the logged step and evaluation times. ``upto``: read only the
+    first ``upto`` steps (see :func:`finished_run`'s ``prefix``)."""
     from labkit.loops.events import RunFolder
 
     run = RunFolder(run_dir)
     evals, steps = run.read("eval.jsonl"), run.read("metrics.jsonl")
+    if upto is not None:
+        evals = [e for e in evals if e["step"] <= upto]
+        steps = [r for r in steps if r["step"] <= upto]
     if not evals or not steps:
         raise ValueError(f"{run_dir}: no eval.jsonl / metrics.jsonl rows; is the run finished?")
     if wall_s is None:
