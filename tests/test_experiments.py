@@ -128,3 +128,16 @@ def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     cfg.optim.lr = 1.0
     assert prepare_run_dir(run, cfg) is False  # another config: moved aside, not appended to
     assert (tmp_path / "seed0.replaced-2" / "config.json").exists() and not run.exists()
+
+
+def test_report_rewrite_keeps_the_hand_written_commentary(tmp_path):
+    from labkit.experiments import COMMENTARY, write_markdown
+
+    md = tmp_path / "x.md"
+    write_markdown(md, "# numbers v1\n")
+    assert md.read_text() == "# numbers v1\n"
+    md.write_text(md.read_text() + "\n" + COMMENTARY + "\n\nWhat the numbers say.\n")
+    write_markdown(md, "# numbers v2\n")
+    text = md.read_text()
+    assert text.startswith("# numbers v2\n") and "v1" not in text
+    assert text.endswith(COMMENTARY + "\n\nWhat the numbers say.\n")

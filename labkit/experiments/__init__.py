@@ -222,8 +222,22 @@ def write_report(results: dict, out_dir: str | Path, title: str, notes: str = ""
     fig_html, fig_png = _figure(results, out, name)
     lines += ["", f"Figure: [{fig_html.name}]({fig_html.name})" + (f", ![pass@1 vs step]({fig_png.name})" if fig_png else ""), ""]
     md = out / f"{name}.md"
-    md.write_text("\n".join(lines))
+    write_markdown(md, "\n".join(lines))
     return md
+
+
+COMMENTARY = "<!-- commentary: kept when the report is written again -->"
+
+
+def write_markdown(path: Path, generated: str) -> None:
+    """Write a report's generated part; a hand-written reading of the numbers below the
+    :data:`COMMENTARY` marker in the existing file is kept (moved under the new numbers)."""
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if COMMENTARY in old:
+            kept = old[old.index(COMMENTARY):]
+    path.write_text(generated.rstrip("\n") + "\n" + ("\n" + kept if kept else ""))
 
 
 def _figure(results: dict, out: Path, name: str):

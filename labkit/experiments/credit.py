@@ -38,7 +38,7 @@ from labkit.config import to_dict
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import Candidate
-from labkit.experiments import RESULTS
+from labkit.experiments import RESULTS, write_markdown
 from labkit.loops.metrics import average_ranks
 from labkit.seeding import derive_seed
 
@@ -402,7 +402,7 @@ def write_report(results: dict, cfg: Config) -> Path:
               (f", ![agreement by estimator]({png.name})" if png else
                f" (PNG export failed: {err})"), ""]
     md = out / "credit.md"
-    md.write_text("\n".join(lines))
+    write_markdown(md, "\n".join(lines))
     return md
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import to_dict
-from labkit.experiments import RESULTS, mean_ci95
+from labkit.experiments import RESULTS, mean_ci95, write_markdown
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
 from labkit.loops.verifier import (VerifierConfig, best_of_n_hit_rate, build_verifier,
@@ -248,7 +248,7 @@ def run(cfg: Config) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "mucode.json").write_text(json.dumps(results, indent=2, default=float))
     md = out / "mucode.md"
-    md.write_text(_markdown(results, cfg))
+    write_markdown(md, _markdown(results, cfg))
     return md
 
 
