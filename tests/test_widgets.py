@@ -290,6 +290,10 @@ def test_dashboard_follows_events_and_stops_the_trainer():
 
     dash._stop.click()
     assert trainer.stops == 1 and dash.stop_requested
+    # the step in flight still reports, and the line keeps saying a stop is coming
+    trainer.events.emit("on_step_end", trainer=trainer, step=3,
+                        metrics={"step": 3, "reward/mean": 0.4}, records=trap_batch())
+    assert "step 3" in dash._status.value and "stop requested" in dash._status.value
     other = _stub_trainer()
     dash.attach(other)
     assert _n_subscribers(trainer.events) == 0 and _n_subscribers(other.events) == 3

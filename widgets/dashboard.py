@@ -172,18 +172,23 @@ class TrainingDashboard(widgets.VBox):
 
     def _on_rollout(self, trainer: Any, step: int, rollouts: Sequence) -> None:
         with shown_in(self.out):
-            self.status = f"step {step + 1}: {len(rollouts)} completions sampled, scoring..."
+            self.status = self._with_stop(f"step {step + 1}: {len(rollouts)} completions sampled, scoring...")
 
     def _on_step_end(self, trainer: Any, step: int, metrics: Mapping,
                      records: Sequence[Mapping]) -> None:
         with shown_in(self.out):
             self.rows = _replace_from(self.rows, metrics)
             self.batch = list(records)
-            self.status = f"step {step}: reward {metrics.get('reward/mean', math.nan):.3f}"
+            self.status = self._with_stop(f"step {step}: reward {metrics.get('reward/mean', math.nan):.3f}")
 
     def _on_eval(self, trainer: Any, step: int, metrics: Mapping) -> None:
         with shown_in(self.out):
             self.eval_rows = _replace_from(self.eval_rows, metrics)
+
+    def _with_stop(self, line: str) -> str:
+        """A progress line that keeps saying a stop was requested (the step in flight still
+        reports)."""
+        return f"{line} (stop requested)" if self.stop_requested else line
 
     def _on_stop(self, _button: widgets.Button) -> None:
         with shown_in(self.out):
