@@ -27,8 +27,10 @@ class Config(ExperimentConfig):
     methods: tuple[str, ...] = ("grpo", "didpo", "didpo_fork")
     ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff", "didpo_additive_gs")
     ablation_seed: int = 0
-    lr: float = 2e-5
-    fork_steps: int = 0
+    steps: int = 20
+    """Half the reshaping experiment's 40: GRPO here is that experiment's raw GRPO read at
+    step 20 (the same run), which keeps the whole comparison within a CPU afternoon."""
+    fork_steps: int = 2
     """Steps for ``didpo_fork`` (0 = ``steps``). Forking costs several steps' compute, so a
     smaller budget here gives it about GRPO's wall clock directly (``didpo_fork@wall``
     still reads its curve at GRPO's measured wall time)."""
