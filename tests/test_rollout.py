@@ -117,6 +117,11 @@ def test_exponential_race_draws_the_categorical():
     freq = torch.bincount(_categorical(p), minlength=4).float() / 40000
     assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.01), freq
     assert freq[3] == 0  # a token outside the nucleus (p = 0) is never drawn
+    q = torch.softmax(torch.randn(64, 50), -1)
+    torch.manual_seed(3)
+    want = torch.multinomial(q, 1)[:, 0]
+    torch.manual_seed(3)
+    assert torch.equal(_categorical(q), want)  # torch's own one-sample draw, same stream
 
 
 def test_shared_prompt_forward_equals_the_full_forward_and_its_gradient(policy):

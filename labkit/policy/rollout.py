@@ -282,7 +282,8 @@ def _categorical(probs: torch.Tensor) -> torch.Tensor:
     """One draw per row of ``[b, V]`` probabilities by the exponential race:
     ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. is distributed as ``Categorical(p)``
     (``argmin E_i / p_i`` is the first arrival of independent Poisson clocks of rates ``p_i``).
-    One fused pass instead of ``multinomial``'s cumulative sum and search per row."""
+    It is the draw ``torch.multinomial(probs, 1)`` makes on its one-sample path, from the
+    same random stream (tested): written out so the rule is visible, not for speed."""
     return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
 
 
