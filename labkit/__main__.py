@@ -328,10 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     mc.set_defaults(func=cmd_mucode)
 
     ex = sub.add_parser("experiment", help="multi-seed comparisons written to docs/results/")
-    ex.add_argument("name", help="reshaping")
+    ex.add_argument("name", help="reshaping, didpo, credit or mucode")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
     ex.set_defaults(func=cmd_experiment)
+
+    sub.add_parser("paired", help="start vs final checkpoint of runs on the same held-out tasks "
+                                  "(paired; see `python -m labkit paired --help`)")
 
     lab = sub.add_parser("lab", help="run the notebook sequence headless (papermill) and "
                                      "write runs/lab-<timestamp>/ with an HTML report")
@@ -344,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["paired"]:  # its own parser (options after the run folders)
+        from labkit.experiments import paired
+
+        return paired.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

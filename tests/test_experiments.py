@@ -141,3 +141,18 @@ def test_report_rewrite_keeps_the_hand_written_commentary(tmp_path):
     text = md.read_text()
     assert text.startswith("# numbers v2\n") and "v1" not in text
     assert text.endswith(COMMENTARY + "\n\nWhat the numbers say.\n")
+
+
+def test_paired_difference_golden_and_bootstrap():
+    from labkit.experiments.paired import paired_difference
+
+    r = paired_difference([0.0, 0.5, 1.0, 0.25], [0.5, 0.5, 0.75, 1.0])
+    assert r["mean"] == pytest.approx((0.5 + 0 - 0.25 + 0.75) / 4)
+    assert (r["improved"], r["worsened"], r["tasks"]) == (2, 1, 4)
+    assert -0.25 <= r["ci95"][0] <= r["mean"] <= r["ci95"][1] <= 0.75
+    same = paired_difference([0.5] * 10, [0.5] * 10)
+    assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
+    shift = paired_difference([0.25] * 50, [0.5] * 50)  # every task up by 0.25: a tight interval
+    assert shift["ci95"] == [pytest.approx(0.25), pytest.approx(0.25)]
+    with pytest.raises(ValueError, match="same"):
+        paired_difference([0.1], [0.1, 0.2])
