@@ -156,3 +156,25 @@ def test_paired_difference_golden_and_bootstrap():
     assert shift["ci95"] == [pytest.approx(0.25), pytest.approx(0.25)]
     with pytest.raises(ValueError, match="same"):
         paired_difference([0.1], [0.1, 0.2])
+
+
+def test_paired_section_pools_seeds_per_task_from_cached_evaluations(tmp_path):
+    from labkit.env.tasks import load_tasks
+    from labkit.experiments.reshaping import paired_section
+
+    ids = [t.task_id for t in load_tasks("synthetic", split="test", n=3, seed=0)[:3]]
+    key = {"tasks": 3, "k": 4, "eval_seed": 4321, "task_ids": ids}
+    start = [0.25, 0.5, 0.0]
+    ends = {0: [0.5, 0.5, 0.25], 1: [0.25, 0.75, 0.0]}
+    results = {"methods": {"raw_grpo": {"seeds": []}}}
+    for seed, end in ends.items():
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        (d / "paired.json").write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
+        results["methods"]["raw_grpo"]["seeds"].append({"seed": seed, "run_dir": str(d)})
+    lines = paired_section(results, 3, 4)  # everything cached: nothing is evaluated
+    pooled = results["paired"]["methods"]["raw_grpo"]["pooled"]
+    # per task: mean over seeds of the end minus the start = (0.125, 0.125, 0.125)
+    assert pooled["mean"] == pytest.approx(0.125) and pooled["improved"] == 3
+    assert results["paired"]["methods"]["raw_grpo"]["seeds"]["0"]["mean"] == pytest.approx(1 / 6)
+    assert any("mean of seeds" in line and "+0.1250" in line for line in lines)

@@ -205,7 +205,8 @@ def summarise_method(per_seed: list[dict]) -> dict:
     }
 
 
-def write_report(results: dict, out_dir: str | Path, title: str, notes: str = "") -> Path:
+def write_report(results: dict, out_dir: str | Path, title: str, notes: str = "",
+                 extra: list[str] | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = results["experiment"]
@@ -221,6 +222,7 @@ def write_report(results: dict, out_dir: str | Path, title: str, notes: str = ""
         for sd in r["seeds"]:
             lines.append(f"| {m} | {sd['seed']} | {sd['pass_at_1_start']:.3f} | {sd['pass_at_1_end']:.3f} | "
                          f"{sd['train_reward_first']:.3f} -> {sd['train_reward_last']:.3f} |")
+    lines += extra or []
     fig_html, fig_png = _figure(results, out, name)
     lines += ["", f"Figure: [{fig_html.name}]({fig_html.name})" + (f", ![pass@1 vs step]({fig_png.name})" if fig_png else ""), ""]
     md = out / f"{name}.md"

@@ -57,22 +57,44 @@ def policy_at(run_dir: str | Path, step: int | None = None):
 def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, seed: int = 0,
                 eval_seed: int = 4321) -> dict:
     """Evaluate the start policy (of the first run) and every run's final checkpoint on the
-    same ``n_tasks`` synthetic test tasks, ``k`` samples each at T = 0.7, one sampling seed."""
+    same ``n_tasks`` synthetic test tasks, ``k`` samples each at T = 0.7, one sampling seed.
+
+    Each run's result is kept in ``<run>/paired.json`` (with the start's per-task results)
+    and reused when the tasks, ``k`` and seed match, so a report can be rebuilt without
+    evaluating again."""
     from labkit.env.sandbox import Sandbox
     from labkit.env.tasks import load_tasks
     from labkit.policy.evaluate import EvalConfig, evaluate
 
     tasks = load_tasks("synthetic", split="test", n=n_tasks, seed=seed)[:n_tasks]
+    key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "task_ids": [t.task_id for t in tasks]}
+    cached = {}
+    for d in run_dirs:
+        try:
+            c = json.loads((Path(d) / "paired.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if all(c.get(x) == v for x, v in key.items()):
+            cached[str(d)] = c
     ecfg = EvalConfig(k=k, temperature=0.7, greedy=False, seed=eval_seed)
     per = lambda rep: [p["pass_at_1"] for p in rep["per_task"]]  # noqa: E731
+    out = {**key, "runs": {}}
     with Sandbox() as sandbox:
-        start = evaluate(policy_at(run_dirs[0], 0), tasks, ecfg, sandbox=sandbox)
-        out = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "start_pass_at_1": start["pass_at_1"],
-               "start_per_task": per(start), "task_ids": [t.task_id for t in tasks], "runs": {}}
+        if cached:
+            start = next(iter(cached.values()))["start_per_task"]
+        else:
+            start = per(evaluate(policy_at(run_dirs[0], 0), tasks, ecfg, sandbox=sandbox))
+        out["start_per_task"] = start
+        out["start_pass_at_1"] = statistics.fmean(start)
         for d in run_dirs:
-            end = evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox)
-            out["runs"][str(d)] = {"end_pass_at_1": end["pass_at_1"], "end_per_task": per(end),
-                                   **paired_difference(per(start), per(end))}
+            if str(d) in cached:
+                end = cached[str(d)]["end_per_task"]
+            else:
+                end = per(evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox))
+                (Path(d) / "paired.json").write_text(json.dumps(
+                    {**key, "start_per_task": start, "end_per_task": end}))
+            out["runs"][str(d)] = {"end_pass_at_1": statistics.fmean(end), "end_per_task": end,
+                                   **paired_difference(start, end)}
     return out
 
 

@@ -17,6 +17,10 @@ from labkit.experiments import ExperimentConfig, run_methods, write_report
 class Config(ExperimentConfig):
     methods: tuple[str, ...] = ("raw_grpo", "reshaped_grpo")
     """Which of :data:`RESHAPING_METHODS` to run (e.g. one, for a learning-rate probe)."""
+    paired_tasks: int = 400
+    """After training: the start policy and every run's final checkpoint on these many
+    common held-out tasks, one sampling seed (:mod:`labkit.experiments.paired`); 0 = off."""
+    paired_k: int = 4
 
 
 RESHAPING_METHODS = {
@@ -40,4 +44,39 @@ def run(exp: Config) -> Path:
              f"Seeds {list(exp.seeds)}, {exp.steps} steps of {exp.tasks_per_step} tasks x "
              f"{exp.group_size} samples; held-out pass@1 on {exp.eval_tasks} synthetic test tasks "
              f"x {exp.eval_k} samples at T = 0.7.")
-    return write_report(results, exp.out, "Raw vs reshaped GRPO on the tiny model", notes)
+    extra = paired_section(results, exp.paired_tasks, exp.paired_k) if exp.paired_tasks else []
+    return write_report(results, exp.out, "Raw vs reshaped GRPO on the tiny model", notes, extra)
+
+
+def paired_section(results: dict, n_tasks: int, k: int) -> list[str]:
+    """Run the paired evaluation over every run of ``results``, store it there (per method:
+    per seed, and pooled as the per-task mean over seeds minus the start) and return the
+    report's lines."""
+    import statistics
+
+    from labkit.experiments.paired import paired_difference, paired_eval
+
+    dirs = [s["run_dir"] for r in results["methods"].values() for s in r["seeds"]]
+    pe = paired_eval(dirs, n_tasks, k)
+    start = pe["start_per_task"]
+    lines = ["", f"## Paired held-out evaluation ({pe['tasks']} common test tasks x {k} samples, one sampling seed)",
+             "", "The start policy and each run's final checkpoint on the same tasks with the same "
+             "sampling seed: the change is measured task by task (95% bootstrap interval over tasks). "
+             f"Start pass@1 {pe['start_pass_at_1']:.4f}.", "",
+             "| method | seed | end pass@1 | paired change (95% CI) | tasks up / down |", "|---|---|---|---|---|"]
+    paired: dict = {"tasks": pe["tasks"], "k": k, "start_pass_at_1": pe["start_pass_at_1"], "methods": {}}
+    for m, r in results["methods"].items():
+        rows = [(s["seed"], pe["runs"][str(s["run_dir"])]) for s in r["seeds"]]
+        for seed, x in rows:
+            lines.append(f"| {m} | {seed} | {x['end_pass_at_1']:.4f} | {x['mean']:+.4f} "
+                         f"[{x['ci95'][0]:+.4f}, {x['ci95'][1]:+.4f}] | {x['improved']} / {x['worsened']} |")
+        mean_end = [statistics.fmean(x["end_per_task"][i] for _, x in rows) for i in range(len(start))]
+        pooled = paired_difference(start, mean_end)
+        lines.append(f"| **{m}** | mean of seeds | {statistics.fmean(mean_end):.4f} | **{pooled['mean']:+.4f}** "
+                     f"[{pooled['ci95'][0]:+.4f}, {pooled['ci95'][1]:+.4f}] | {pooled['improved']} / "
+                     f"{pooled['worsened']} |")
+        paired["methods"][m] = {"pooled": pooled, "seeds": {str(seed): {k2: v for k2, v in x.items()
+                                                                          if not k2.endswith("per_task")}
+                                                             for seed, x in rows}}
+    results["paired"] = paired
+    return lines + [""]
