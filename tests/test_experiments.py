@@ -172,7 +172,7 @@ def test_paired_section_pools_seeds_per_task_from_cached_evaluations(tmp_path):
         d.mkdir()
         (d / "paired.json").write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
         results["methods"]["raw_grpo"]["seeds"].append({"seed": seed, "run_dir": str(d)})
-    lines = paired_section(results, 3, 4)  # everything cached: nothing is evaluated
+    lines = paired_section(results, 3, 4)  # everything cached (start_k = k): nothing is evaluated
     pooled = results["paired"]["methods"]["raw_grpo"]["pooled"]
     # per task: mean over seeds of the end minus the start = (0.125, 0.125, 0.125)
     assert pooled["mean"] == pytest.approx(0.125) and pooled["improved"] == 3

@@ -55,19 +55,26 @@ def policy_at(run_dir: str | Path, step: int | None = None):
 
 
 def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, seed: int = 0,
-                eval_seed: int = 4321) -> dict:
+                eval_seed: int = 4321, start_k: int | None = None) -> dict:
     """Evaluate the start policy (of the first run) and every run's final checkpoint on the
     same ``n_tasks`` synthetic test tasks, ``k`` samples each at T = 0.7, one sampling seed.
 
-    Each run's result is kept in ``<run>/paired.json`` (with the start's per-task results)
-    and reused when the tasks, ``k`` and seed match, so a report can be rebuilt without
-    evaluating again."""
+    ``start_k`` (default ``k``): samples per task for the start policy. Every run is compared
+    with the same start measurement, so when several runs are pooled the start's sampling
+    noise dominates the interval; a larger ``start_k`` shrinks it (the per-task difference
+    of means stays unbiased).
+
+    Results are kept in ``<run>/paired.json`` (the run's per-task results, and the start's
+    per ``start_k``) and reused when the tasks, ``k`` and seed match, so a report can be
+    rebuilt without evaluating again."""
     from labkit.env.sandbox import Sandbox
     from labkit.env.tasks import load_tasks
     from labkit.policy.evaluate import EvalConfig, evaluate
 
+    start_k = start_k or k
     tasks = load_tasks("synthetic", split="test", n=n_tasks, seed=seed)[:n_tasks]
     key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "task_ids": [t.task_id for t in tasks]}
+    skey = "start_per_task" if start_k == k else f"start_per_task_k{start_k}"
     cached = {}
     for d in run_dirs:
         try:
@@ -76,23 +83,24 @@ def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, 
             continue
         if all(c.get(x) == v for x, v in key.items()):
             cached[str(d)] = c
-    ecfg = EvalConfig(k=k, temperature=0.7, greedy=False, seed=eval_seed)
     per = lambda rep: [p["pass_at_1"] for p in rep["per_task"]]  # noqa: E731
-    out = {**key, "runs": {}}
+    out = {**key, "start_k": start_k, "runs": {}}
     with Sandbox() as sandbox:
-        if cached:
-            start = next(iter(cached.values()))["start_per_task"]
-        else:
-            start = per(evaluate(policy_at(run_dirs[0], 0), tasks, ecfg, sandbox=sandbox))
+        start = next((c[skey] for c in cached.values() if skey in c), None)
+        if start is None:
+            start = per(evaluate(policy_at(run_dirs[0], 0), tasks,
+                                 EvalConfig(k=start_k, temperature=0.7, greedy=False, seed=eval_seed),
+                                 sandbox=sandbox))
         out["start_per_task"] = start
         out["start_pass_at_1"] = statistics.fmean(start)
+        ecfg = EvalConfig(k=k, temperature=0.7, greedy=False, seed=eval_seed)
         for d in run_dirs:
-            if str(d) in cached:
-                end = cached[str(d)]["end_per_task"]
-            else:
-                end = per(evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox))
-                (Path(d) / "paired.json").write_text(json.dumps(
-                    {**key, "start_per_task": start, "end_per_task": end}))
+            c = cached.get(str(d), {**key})
+            if "end_per_task" not in c:
+                c["end_per_task"] = per(evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox))
+            c[skey] = start
+            (Path(d) / "paired.json").write_text(json.dumps(c))
+            end = c["end_per_task"]
             out["runs"][str(d)] = {"end_pass_at_1": statistics.fmean(end), "end_per_task": end,
                                    **paired_difference(start, end)}
     return out
@@ -105,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="run folders (each with config.json and checkpoints)")
     p.add_argument("--tasks", type=int, default=400)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--start-k", type=int, default=None, help="samples per task for the start (default --k)")
     p.add_argument("--out", default=None, help="JSON file for the per-task counts")
     a = p.parse_args(argv)
-    res = paired_eval(a.runs, a.tasks, a.k)
+    res = paired_eval(a.runs, a.tasks, a.k, start_k=a.start_k)
     for d, r in res["runs"].items():
         print(f"{d}: {res['start_pass_at_1']:.4f} -> {r['end_pass_at_1']:.4f}, paired change "
               f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] over {r['tasks']} tasks "

@@ -21,6 +21,9 @@ class Config(ExperimentConfig):
     """After training: the start policy and every run's final checkpoint on these many
     common held-out tasks, one sampling seed (:mod:`labkit.experiments.paired`); 0 = off."""
     paired_k: int = 4
+    paired_start_k: int = 24
+    """Samples per task for the start policy, which every run is compared with: pooled over
+    runs its noise would dominate at ``paired_k``."""
 
 
 RESHAPING_METHODS = {
@@ -44,11 +47,12 @@ def run(exp: Config) -> Path:
              f"Seeds {list(exp.seeds)}, {exp.steps} steps of {exp.tasks_per_step} tasks x "
              f"{exp.group_size} samples; held-out pass@1 on {exp.eval_tasks} synthetic test tasks "
              f"x {exp.eval_k} samples at T = 0.7.")
-    extra = paired_section(results, exp.paired_tasks, exp.paired_k) if exp.paired_tasks else []
+    extra = (paired_section(results, exp.paired_tasks, exp.paired_k, exp.paired_start_k)
+             if exp.paired_tasks else [])
     return write_report(results, exp.out, "Raw vs reshaped GRPO on the tiny model", notes, extra)
 
 
-def paired_section(results: dict, n_tasks: int, k: int) -> list[str]:
+def paired_section(results: dict, n_tasks: int, k: int, start_k: int | None = None) -> list[str]:
     """Run the paired evaluation over every run of ``results``, store it there (per method:
     per seed, and pooled as the per-task mean over seeds minus the start) and return the
     report's lines."""
@@ -57,14 +61,15 @@ def paired_section(results: dict, n_tasks: int, k: int) -> list[str]:
     from labkit.experiments.paired import paired_difference, paired_eval
 
     dirs = [s["run_dir"] for r in results["methods"].values() for s in r["seeds"]]
-    pe = paired_eval(dirs, n_tasks, k)
+    pe = paired_eval(dirs, n_tasks, k, start_k=start_k)
     start = pe["start_per_task"]
     lines = ["", f"## Paired held-out evaluation ({pe['tasks']} common test tasks x {k} samples, one sampling seed)",
              "", "The start policy and each run's final checkpoint on the same tasks with the same "
              "sampling seed: the change is measured task by task (95% bootstrap interval over tasks). "
-             f"Start pass@1 {pe['start_pass_at_1']:.4f}.", "",
+             f"Start pass@1 {pe['start_pass_at_1']:.4f} ({pe['start_k']} samples per task).", "",
              "| method | seed | end pass@1 | paired change (95% CI) | tasks up / down |", "|---|---|---|---|---|"]
-    paired: dict = {"tasks": pe["tasks"], "k": k, "start_pass_at_1": pe["start_pass_at_1"], "methods": {}}
+    paired: dict = {"tasks": pe["tasks"], "k": k, "start_k": pe["start_k"],
+                    "start_pass_at_1": pe["start_pass_at_1"], "methods": {}}
     for m, r in results["methods"].items():
         rows = [(s["seed"], pe["runs"][str(s["run_dir"])]) for s in r["seeds"]]
         for seed, x in rows:
@@ -78,5 +83,13 @@ def paired_section(results: dict, n_tasks: int, k: int) -> list[str]:
         paired["methods"][m] = {"pooled": pooled, "seeds": {str(seed): {k2: v for k2, v in x.items()
                                                                           if not k2.endswith("per_task")}
                                                              for seed, x in rows}}
+    if len(results["methods"]) > 1:  # every run trains GRPO; does RL move held-out pass@1 at all?
+        ends = [x["end_per_task"] for x in pe["runs"].values()]
+        mean_end = [statistics.fmean(e[i] for e in ends) for i in range(len(start))]
+        pooled = paired_difference(start, mean_end)
+        lines.append(f"| **all runs** | {len(ends)} runs | {statistics.fmean(mean_end):.4f} | "
+                     f"**{pooled['mean']:+.4f}** [{pooled['ci95'][0]:+.4f}, {pooled['ci95'][1]:+.4f}] | "
+                     f"{pooled['improved']} / {pooled['worsened']} |")
+        paired["all_runs"] = pooled
     results["paired"] = paired
     return lines + [""]
