@@ -37,6 +37,11 @@ def test_equal_wall_reads_the_fork_curve_at_grpo_wall_time():
     assert s["pass_at_1_end"] == 0.52
     assert r["delta"][0] == pytest.approx(0.02)
     assert r["wall_s"] == pytest.approx(30.0)  # 60 s * 10 / 20
+    # a fork run shorter than GRPO's (fork_steps): GRPO's 20 steps x 2 s buy 4 fork steps at 10 s
+    short = {"seeds": [{"seed": 0, "s_per_step": 10.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.58,
+                        "wall_s": 50.0, "curve": [[0, 0.5], [2, 0.56], [4, 0.58]]}]}
+    s = didpo.equal_wall(grpo, short)["seeds"][0]
+    assert (s["steps_at_wall"], s["step_evaluated"], s["pass_at_1_end"]) == (4, 4, 0.58)
 
 
 def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):

@@ -71,7 +71,7 @@ def equal_wall(grpo: dict, fork: dict) -> dict:
         if g is None:
             continue
         steps_total = f["curve"][-1][0]
-        budget = int(steps_total * g["s_per_step"] / max(f["s_per_step"], 1e-9))
+        budget = int(g["curve"][-1][0] * g["s_per_step"] / max(f["s_per_step"], 1e-9))  # GRPO's steps
         point = max((p for p in f["curve"] if p[0] <= budget), key=lambda p: p[0])
         seeds.append({**f, "pass_at_1_end": point[1], "curve": [p for p in f["curve"] if p[0] <= budget],
                       "steps_at_wall": budget, "step_evaluated": point[0]})
