@@ -127,11 +127,7 @@ def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
     d = Path(run_dir)
     if not d.exists() or not any(d.iterdir()):
         return False
-    try:
-        theirs = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError):
-        theirs = None
-    if theirs == json.loads(json.dumps(to_dict(cfg))) and latest_checkpoint(d) is not None:
+    if _saved_config(d) == _as_json(cfg) and latest_checkpoint(d) is not None:
         return True
     n = 1
     while d.with_name(f"{d.name}.replaced-{n}").exists():
@@ -149,14 +145,13 @@ def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False) ->
     ``cfg.steps``, when the learning rate is constant without warm-up: its first
     ``cfg.steps`` steps are then exactly a ``cfg.steps``-step run (everything random derives
     from ``(seed, step)``), read with ``summarise_run(..., upto=cfg.steps)``."""
-    d = Path(run_dir)
-    try:
-        theirs = json.loads((d / "config.json").read_text())
-        ours = json.loads(json.dumps(to_dict(cfg)))
-        steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        evals = [json.loads(x) for x in (d / "eval.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
+    from labkit.loops.events import RunFolder
+
+    theirs = _saved_config(Path(run_dir))
+    if theirs is None:
         return False
+    run = RunFolder(run_dir)
+    steps, evals, ours = run.read("metrics.jsonl"), run.read("eval.jsonl"), _as_json(cfg)
     if not steps or not evals or steps[-1]["step"] != theirs.get("steps") or evals[-1]["step"] != theirs.get("steps"):
         return False
     ignore = {"run_dir": None}
@@ -165,6 +160,18 @@ def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False) ->
         if theirs["steps"] < cfg.steps or not any(e["step"] == cfg.steps for e in evals):
             return False
     return {**theirs, **ignore} == {**ours, **ignore}
+
+
+def _as_json(cfg: TrainConfig) -> dict:
+    """``cfg`` as it reads back from a run's ``config.json`` (tuples become lists)."""
+    return json.loads(json.dumps(to_dict(cfg)))
+
+
+def _saved_config(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,

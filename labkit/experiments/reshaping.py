@@ -58,7 +58,7 @@ def paired_section(results: dict, n_tasks: int, k: int, start_k: int | None = No
     report's lines."""
     import statistics
 
-    from labkit.experiments.paired import paired_difference, paired_eval
+    from labkit.experiments.paired import paired_eval
 
     dirs = [s["run_dir"] for r in results["methods"].values() for s in r["seeds"]]
     pe = paired_eval(dirs, n_tasks, k, start_k=start_k)
@@ -75,8 +75,7 @@ def paired_section(results: dict, n_tasks: int, k: int, start_k: int | None = No
         for seed, x in rows:
             lines.append(f"| {m} | {seed} | {x['end_pass_at_1']:.4f} | {x['mean']:+.4f} "
                          f"[{x['ci95'][0]:+.4f}, {x['ci95'][1]:+.4f}] | {x['improved']} / {x['worsened']} |")
-        mean_end = [statistics.fmean(x["end_per_task"][i] for _, x in rows) for i in range(len(start))]
-        pooled = paired_difference(start, mean_end)
+        mean_end, pooled = _pooled(start, [x["end_per_task"] for _, x in rows])
         lines.append(f"| **{m}** | mean of seeds | {statistics.fmean(mean_end):.4f} | **{pooled['mean']:+.4f}** "
                      f"[{pooled['ci95'][0]:+.4f}, {pooled['ci95'][1]:+.4f}] | {pooled['improved']} / "
                      f"{pooled['worsened']} |")
@@ -84,12 +83,21 @@ def paired_section(results: dict, n_tasks: int, k: int, start_k: int | None = No
                                                                           if not k2.endswith("per_task")}
                                                              for seed, x in rows}}
     if len(results["methods"]) > 1:  # every run trains GRPO; does RL move held-out pass@1 at all?
-        ends = [x["end_per_task"] for x in pe["runs"].values()]
-        mean_end = [statistics.fmean(e[i] for e in ends) for i in range(len(start))]
-        pooled = paired_difference(start, mean_end)
-        lines.append(f"| **all runs** | {len(ends)} runs | {statistics.fmean(mean_end):.4f} | "
+        mean_end, pooled = _pooled(start, [x["end_per_task"] for x in pe["runs"].values()])
+        lines.append(f"| **all runs** | {len(pe['runs'])} runs | {statistics.fmean(mean_end):.4f} | "
                      f"**{pooled['mean']:+.4f}** [{pooled['ci95'][0]:+.4f}, {pooled['ci95'][1]:+.4f}] | "
                      f"{pooled['improved']} / {pooled['worsened']} |")
         paired["all_runs"] = pooled
     results["paired"] = paired
     return lines + [""]
+
+
+def _pooled(start: list[float], ends: list[list[float]]) -> tuple[list[float], dict]:
+    """Per task, the mean over runs of the end minus the start (tasks are the sampling
+    unit, so runs sharing them are averaged before the bootstrap)."""
+    import statistics
+
+    from labkit.experiments.paired import paired_difference
+
+    mean_end = [statistics.fmean(e[i] for e in ends) for i in range(len(start))]
+    return mean_end, paired_difference(start, mean_end)
