@@ -153,3 +153,39 @@ def test_didpo_estimator_runs_in_the_trainer_and_logs_anchors(toy_model_dir, tmp
     assert len(anchors) == row["anchors/count"]
     if anchors:  # rollouts sharing an edited line: some tokens get A_E + lambda * A_D
         assert {"gs", "members", "n", "step", "task_id"} <= set(anchors[0])
+
+
+def _rollout(tok, task, completion: str, sample: int):
+    from labkit.policy.prompts import plain_prompt
+    from labkit.policy.rollout import Rollout
+
+    ids = tok(completion, add_special_tokens=False).input_ids
+    return Rollout(task_id=task.task_id, sample=sample, prompt="",
+                   prompt_ids=tok(plain_prompt(task), add_special_tokens=False).input_ids,
+                   completion_ids=ids, logprobs=[0.0] * len(ids), completion=completion,
+                   code=completion, code_start=0, offsets=[], finished=True)
+
+
+def test_dr_grpo_normaliser_is_a_constant_of_the_run(toy_model_dir, tmp_path):
+    """seq-mean-token-sum-norm divides by a constant T: row 0's loss must not change when
+    another row of the batch gets longer (it did when T was the batch's padded length)."""
+    from labkit.policy.rollout import collate
+
+    tasks = toy_tasks()
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1)
+    cfg.loss.agg, cfg.loss.kl_coef, cfg.optim.lr = "seq-mean-token-sum-norm", 0.0, 0.0
+    tr = Trainer(cfg, train_tasks=tasks, eval_tasks=[])
+    assert tr.loss_horizon == cfg.sampling.max_new_tokens
+    tok = tr.policy.tokenizer
+    fixed = _rollout(tok, tasks[0], "def inc(x):\n    return x + 1\n", 0)
+    losses = []
+    for other in ("x", "def inc(x):\n    y = x\n    z = y\n    return z + 1\n" * 2):
+        rolls = [fixed, _rollout(tok, tasks[0], other, 1)]
+        batch = collate(rolls, tok.pad_token_id)
+        mask = batch["completion_mask"]
+        old = torch.zeros_like(mask)
+        adv = torch.zeros_like(mask)
+        adv[0] = 1.0  # only row 0 carries credit; row 1 only changes the batch's width
+        losses.append(tr._update(batch, old, adv, 1.0)["loss/policy"])
+    tr.close()
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)

@@ -88,6 +88,10 @@ class LossConfig:
     """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
     micro_batch_size: int = 32
     """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    horizon: int | None = None
+    """The constant ``T`` that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO). ``None``:
+    ``sampling.max_new_tokens``, the same on every step and every data-parallel rank (never
+    the batch's longest completion, which would rescale each step's loss)."""
 
 
 @dataclass
@@ -146,6 +150,9 @@ class TrainConfig:
                              f"{POLICY_LOSSES.names()}")
         if self.steps < 0 or self.tasks_per_step < 1 or self.checkpoint_every < 1:
             raise ValueError("steps >= 0, tasks_per_step >= 1 and checkpoint_every >= 1 are required")
+        if self.loss.horizon is not None and self.loss.horizon < 1:
+            raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
+                             f"got {self.loss.horizon}")
 
 
 class CheckpointError(RuntimeError):
@@ -450,6 +457,12 @@ class Trainer:
             with self.policy.reference() as ref:
                 yield ref
 
+    @property
+    def loss_horizon(self) -> int:
+        """``T`` of the ``seq-mean-token-sum-norm`` aggregation: ``loss.horizon``, else
+        ``sampling.max_new_tokens``; a constant of the run, not of the batch."""
+        return self.cfg.loss.horizon or self.cfg.sampling.max_new_tokens
+
     def _update(self, batch: dict, old_logp: torch.Tensor, adv: torch.Tensor, temperature: float) -> dict:
         """``epochs`` passes of micro-batched PPO-clip (+ beta KL - entropy), aggregated over
         the whole batch exactly (each micro-batch weighted by its share of the aggregate)."""
@@ -464,6 +477,7 @@ class Trainer:
                 ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
                                       for mb in mbs])  # [B, T]
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
+        horizon = self.loss_horizon
         weight_total = _agg_weight(mask, cfg.agg)
         scale = 1.0
         if self.world > 1:  # normalise by the global aggregate; DDP averages over processes
@@ -480,15 +494,15 @@ class Trainer:
                 logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, T]
                 pg, pm = loss_fn(logp, old_logp[mb], adv[mb], m, eps_low=cfg.eps_low,
                                  eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
-                                 horizon=mask.shape[1])
+                                 horizon=horizon)
                 loss = pg
                 if ref_logp is not None:
                     kl = kl_penalty(logp, ref_logp[mb], cfg.kl_estimator)
-                    loss = loss + cfg.kl_coef * agg_loss(kl, m, cfg.agg, mask.shape[1])
+                    loss = loss + cfg.kl_coef * agg_loss(kl, m, cfg.agg, horizon)
                     acc["kl/k1"].append(agg_loss(logp.detach() - ref_logp[mb], m).item())
                     acc["kl/k3"].append(agg_loss(kl_penalty(logp.detach(), ref_logp[mb], "k3"), m).item())
                 if cfg.entropy_coef:
-                    loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, mask.shape[1])
+                    loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, horizon)
                 share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
                 last = mb is mbs[-1]
                 sync = contextlib.nullcontext() if (self.accel is None or last) else self.accel.no_sync(model)
