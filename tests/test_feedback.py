@@ -103,3 +103,29 @@ def test_progress_tracker_pays_once_after_patience():
     tr2 = fb.ProgressTracker()
     tr2.load_state_dict(state)
     assert tr2.state_dict() == state
+
+
+def test_unparsable_code_is_not_a_reward_hack():
+    """A syntax error is priced by r_compile and reported as its own rate, never as a hack:
+    the reshaped reward must not subtract w_hack for it, nor the hack monitor count it."""
+    from labkit.credit.reshaping import RECIPES, composite_reward
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.env.sandbox import Sandbox
+    from labkit.loops import metrics as M
+
+    suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
+    task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
+                      buggy_code=BUGGY, reference_code=FIXED, tests=suite, entry_point="f")
+    with Sandbox() as sb:
+        broken, hacked = fb.evaluate_many([task, task], ["def f(xs:\n    return 3\n",
+                                                         "import sys\nsys.exit(0)\n"], sandbox=sb)
+    assert "syntax_error" in broken.result.flags  # the scan still says why
+    assert broken.hack_flags == () and broken.components["hack"] == 0.0
+    assert broken.components["r_compile"] == 0.0
+    assert hacked.hack_flags == ("sys_exit",) and hacked.components["hack"] == 1.0
+    _, terms = composite_reward(broken.components, RECIPES["reshaped"]())
+    assert terms["hack"] == 0.0
+    assert M.hack_metrics([broken.hack_flags, hacked.hack_flags])["hack/any"] == 0.5
+    rates = M.compile_metrics(["syntax_error" in f.result.flags for f in (broken, hacked)],
+                              [f.components["r_compile"] for f in (broken, hacked)])
+    assert rates["compile/syntax_error"] == 0.5

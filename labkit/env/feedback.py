@@ -18,7 +18,8 @@ formalised in ``shared/notes/methods.md`` section 2):
 ``r_progress``     a one-off bonus from :class:`ProgressTracker` when a bug kind the policy kept
                    failing is finally fixed (stateful, checkpointable)
 ``hack``           ``1`` if the sandbox's syntax-tree scan raised a hack flag, else ``0``; the
-                   reshaping floor turns it into a penalty
+                   reshaping floor turns it into a penalty. Unparsable code is not a hack: it
+                   has ``r_compile = 0`` and no flag
 ``noop``           ``1`` if the candidate is the buggy code unchanged (after normalisation)
 =================  ==========================================================================
 
@@ -44,9 +45,10 @@ from typing import Iterable, Literal, Mapping, Sequence
 
 from labkit.env.records import Candidate, RepairTask, SandboxResult, Status
 
-# Hack flags that the reshaping floor penalises. Style-level findings (a bare ``except``)
-# are flagged by the sandbox's scan too but are priced by ``r_style``, not here.
-STYLE_ONLY_FLAGS = frozenset({"bare_except"})
+# Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
+# ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
+# priced by ``r_compile`` and reported as its own rate (``compile/syntax_error``).
+NOT_HACK_FLAGS = frozenset({"bare_except", "syntax_error"})
 
 
 # ----------------------------------------------------------------------------- config
@@ -356,8 +358,8 @@ def r_style(code: str, config: FeedbackConfig | None = None) -> float:
 
 
 def hack_flags(result: SandboxResult) -> tuple[str, ...]:
-    """The sandbox's flags that count as reward hacking (style-only flags removed)."""
-    return tuple(f for f in result.flags if f not in STYLE_ONLY_FLAGS)
+    """The sandbox's flags that count as reward hacking (:data:`NOT_HACK_FLAGS` removed)."""
+    return tuple(f for f in result.flags if f not in NOT_HACK_FLAGS)
 
 
 def r_hack(result: SandboxResult) -> float:

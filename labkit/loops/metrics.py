@@ -54,6 +54,15 @@ def hack_metrics(flags: Sequence[Sequence[str]], names: Sequence[str] = ()) -> d
     return out
 
 
+def compile_metrics(syntax_errors: Sequence[bool], r_compile: Sequence[float]) -> dict:
+    """``compile/syntax_error``: share of candidates that do not parse; ``compile/fail``: share
+    with ``r_compile = 0`` (unparsable, or the module fails to load). Kept apart from the hack
+    monitor: a syntax error is a failed attempt, not a reward hack."""
+    n = max(1, len(r_compile))
+    return {"compile/syntax_error": sum(map(bool, syntax_errors)) / n,
+            "compile/fail": sum(r < 1.0 for r in r_compile) / n}
+
+
 def status_metrics(statuses: Sequence[str]) -> dict:
     """``exec/<status>``: share of each sandbox status in the batch."""
     n = max(1, len(statuses))

@@ -181,6 +181,11 @@ class Trainer:
         self.eval_tasks = list(eval_tasks) if eval_tasks is not None else self._load_tasks("eval")
         if not self.train_tasks:
             raise ValueError("no training tasks: check tasks.source / tasks.train_problems")
+        ids = [t.task_id for t in self.train_tasks]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"training task {dup!r} is listed more than once; a batch must hold "
+                             "each task once (its samples form one group): pass distinct tasks")
         self._own_sandbox = sandbox is None and reward_fn is None
         if sandbox is None and reward_fn is None:
             from labkit.env.sandbox import Sandbox
@@ -375,6 +380,8 @@ class Trainer:
                **M.length_metrics([r.n_tokens for r in rollouts], [r.finished for r in rollouts]),
                **M.diversity_metrics(groups),
                **M.hack_metrics([f.hack_flags for f in fb]),
+               **M.compile_metrics(["syntax_error" in f.result.flags for f in fb],
+                                   [f.components.get("r_compile", 1.0) for f in fb]),
                **M.status_metrics([f.result.status.value for f in fb]),
                "lr": self.opt.param_groups[0]["lr"],
                **fork_info, **timings, "time/step": time.time() - t_step}
