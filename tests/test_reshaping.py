@@ -103,3 +103,16 @@ def test_curriculum_prefers_learnable_buckets_and_unlocks_in_order():
     tasks = [("mid", i) for i in range(5)] + [("easy", 9)]
     picks = cur.sample(tasks, key=lambda t: t[0], n=20, rng=random.Random(0))
     assert all(p[0] == "mid" for p in picks)
+
+
+def test_curriculum_draws_without_replacement_on_a_small_pool():
+    """One batch never holds a task twice (groups merge by task; fork parents collide)."""
+    cur = rs.CurriculumSampler()
+    cur.update("a", 0.5)
+    tasks = [("a", i) for i in range(3)] + [("b", i) for i in range(2)]
+    for seed in range(50):
+        picks = cur.sample(tasks, key=lambda t: t[0], n=5, rng=random.Random(seed))
+        assert sorted(picks) == sorted(tasks)
+        four = cur.sample(tasks, key=lambda t: t[0], n=4, rng=random.Random(seed))
+        assert len(set(four)) == 4
+    assert len(cur.sample(tasks, key=lambda t: t[0], n=9, rng=random.Random(0))) == 5

@@ -189,3 +189,16 @@ def test_dr_grpo_normaliser_is_a_constant_of_the_run(toy_model_dir, tmp_path):
         losses.append(tr._update(batch, old, adv, 1.0)["loss/policy"])
     tr.close()
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+def test_curriculum_batches_hold_each_task_once(toy_model_dir, tmp_path):
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=2, curriculum=True)
+    cfg.tasks_per_step = 4  # the whole pool of four toy tasks, every step
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    batches = []
+    tr.events.on("on_rollout", lambda **kw: batches.append([r.task_id for r in kw["rollouts"]]))
+    tr.train(progress=False)
+    tr.close()
+    for ids in batches:
+        assert sorted(set(ids)) == sorted(t.task_id for t in toy_tasks())
+        assert all(ids.count(i) == cfg.sampling.group_size for i in set(ids))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
@@ -100,6 +100,28 @@ class ReshapeConfig:
             raise ValueError("adv_clip and focus_threshold must be >= 0")
         if not 0 <= self.ema_baseline < 1 or not 0 < self.running_momentum < 1:
             raise ValueError("ema_baseline must be in [0, 1) and running_momentum in (0, 1)")
+
+
+def _blog_recipe() -> ReshapeConfig:
+    """The seed blog's recipe as the lab runs it: the composite reward with the precision
+    gate, batch normalisation with a 5-step warm-up on running statistics, and advantages
+    clipped to [-5, 5] (which never binds under per-group standardisation at G <= 27)."""
+    return ReshapeConfig(normalise="batch", warmup_steps=5)
+
+
+RECIPES: dict[str, Callable[[], ReshapeConfig]] = {
+    "raw": ReshapeConfig.raw,
+    "reshaped": _blog_recipe,
+}
+"""Named reshaping recipes, defined once; experiments, notebooks and the RewardTuner take
+them from here (a fresh config on each call)."""
+
+
+def recipe(name: str) -> ReshapeConfig:
+    """A fresh :class:`ReshapeConfig` of the recipe called ``name`` (see :data:`RECIPES`)."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown reshaping recipe {name!r}; choose one of {sorted(RECIPES)}")
+    return RECIPES[name]()
 
 
 # ----------------------------------------------------------------------------- stage 1
@@ -274,14 +296,23 @@ class CurriculumSampler:
                 if b in open_ else 0.0 for b in buckets}
 
     def sample(self, tasks: Sequence, key, n: int, rng: random.Random) -> list:
-        """``n`` tasks, bucket by weight then a uniform task inside the bucket."""
+        """``n`` distinct tasks, without replacement: a bucket by weight, then a uniform task
+        of the bucket not drawn yet (a bucket leaves the draw once it is used up). Fewer than
+        ``n`` when the open buckets hold fewer tasks. A task never appears twice in one batch:
+        its group would merge with itself."""
         by: dict[str, list] = {}
         for t in tasks:
             by.setdefault(key(t), []).append(t)
         w = self.weights(sorted(by))
-        names = [b for b in sorted(by) if w[b] > 0]
-        picks = rng.choices(names, weights=[w[b] for b in names], k=n)
-        return [rng.choice(by[b]) for b in picks]
+        left = {b: list(by[b]) for b in sorted(by) if w[b] > 0}
+        out = []
+        while left and len(out) < n:
+            names = list(left)
+            b = rng.choices(names, weights=[w[x] for x in names], k=1)[0]
+            out.append(left[b].pop(rng.randrange(len(left[b]))))
+            if not left[b]:
+                del left[b]
+        return out
 
     def update(self, bucket: str, success: float) -> None:
         old = self.success.get(bucket, 0.5)
