@@ -102,21 +102,47 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``; unknown keys and bad values raise ConfigError."""
+    """Build dataclass ``cls`` from ``data``; unknown keys and bad values raise ConfigError.
+
+    A section (a mapping given for a dataclass-valued field) merges onto that *field's*
+    default, not onto its class's defaults: ``TrainConfig.reshape`` defaults to
+    ``ReshapeConfig.raw()``, so ``reshape: {normalise: batch}`` in a YAML file means raw plus
+    batch normalisation, exactly as ``--set reshape.normalise=batch`` does."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{_where or cls.__name__}: expected a mapping, got {data!r}")
     hints = _field_types(cls)
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(data) - set(names))
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(
-            f"{_where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    kwargs = {k: _coerce(v, hints[k], f"{_where + '.' if _where else ''}{k}") for k, v in data.items()}
+            f"{_where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+    kwargs = {}
+    for k, v in data.items():
+        default = _field_default(fields[k])
+        if isinstance(v, Mapping) and dataclasses.is_dataclass(default):
+            v = _deep_merge(to_dict(default), v)
+        kwargs[k] = _coerce(v, hints[k], f"{_where + '.' if _where else ''}{k}")
     obj = cls(**kwargs)
     check = getattr(obj, "validate", None)
     if callable(check):
         check()
     return obj
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _deep_merge(base: dict, over: Mapping) -> dict:
+    """``base`` with ``over``'s keys replaced, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def to_dict(cfg: Any) -> dict:

@@ -231,6 +231,16 @@ def test_tuner_slider_recomputes_table(run_dir):
     assert from_run.start.w_precision == 0.3 and len(from_run.records) == 5
 
 
+def test_tuner_loads_the_named_recipes():
+    from labkit.credit.reshaping import RECIPES, recipe
+
+    tuner = RewardTuner(trap_batch(), start=TRAP)
+    assert list(tuner._recipe.options) == ["(custom)", *RECIPES]
+    tuner._recipe.value = "reshaped"
+    assert tuner.config == recipe("reshaped") and tuner.controls["normalise"].value == "batch"
+    assert tuner.start == TRAP  # the comparison still starts from where it started
+
+
 def test_tuner_shows_errors_in_its_output():
     tuner = RewardTuner(trap_batch(), start=TRAP)
     good = tuner.records

@@ -23,7 +23,8 @@ from traitlets import Instance, List, Unicode
 
 from labkit.config import from_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
-from labkit.credit.reshaping import ReshapeConfig, Reshaper, transform_advantages
+from labkit.credit.reshaping import RECIPES, ReshapeConfig, Reshaper, recipe, transform_advantages
+from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run
 from widgets.tables import frame_html
@@ -119,11 +120,11 @@ def summary_html(compared: pd.DataFrame) -> str:
 
 
 def run_reshape_config(run_dir: str | Path) -> ReshapeConfig:
-    """The ``reshape`` section of a run's ``config.json`` (defaults when there is none)."""
+    """The ``reshape`` section of a run's ``config.json``, read as the trainer reads it (a
+    missing section or key takes ``TrainConfig``'s default, the raw recipe)."""
     path = Path(run_dir) / "config.json"
-    if not path.exists():
-        return ReshapeConfig()
-    return from_dict(ReshapeConfig, open_run(run_dir).read_json("config.json").get("reshape", {}))
+    section = open_run(run_dir).read_json("config.json").get("reshape", {}) if path.exists() else {}
+    return from_dict(TrainConfig, {"reshape": section}).reshape
 
 
 # ----------------------------------------------------------------------------- widget
@@ -144,7 +145,7 @@ class RewardTuner(widgets.VBox):
 
     def __init__(self, records: Sequence[Mapping], start: ReshapeConfig | None = None,
                  estimator: str = "grpo"):
-        start = start or ReshapeConfig()
+        start = start or recipe("raw")
         self.controls: dict[str, widgets.ValueWidget] = {
             **{name: widgets.FloatSlider(description=name, min=lo, max=hi, step=step,
                                          continuous_update=False)
@@ -155,13 +156,15 @@ class RewardTuner(widgets.VBox):
         }
         self._estimator = widgets.Dropdown(options=ADVANTAGE_ESTIMATORS.names(), value=estimator,
                                            description="estimator")
+        self._recipe = widgets.Dropdown(options=["(custom)", *RECIPES], value="(custom)",
+                                        description="recipe")
         self._reset = widgets.Button(description="reset to start", icon="undo")
         self._summary = widgets.HTML()
         self._table = widgets.HTML()
         self.out = widgets.Output()
         grid = widgets.GridBox(list(self.controls.values()),
                                layout=widgets.Layout(grid_template_columns="repeat(2, 50%)"))
-        super().__init__(children=[grid, widgets.HBox([self._estimator, self._reset]),
+        super().__init__(children=[grid, widgets.HBox([self._recipe, self._estimator, self._reset]),
                                    self._summary, self._table, self.out],
                          records=[dict(r) for r in records], start=start,
                          config=dataclasses.replace(start), estimator=estimator)
@@ -170,6 +173,7 @@ class RewardTuner(widgets.VBox):
             control.observe(functools.partial(self._on_control, name), names="value")
         widgets.link((self._estimator, "value"), (self, "estimator"))
         self._reset.on_click(self._on_reset)
+        self._recipe.observe(self._on_recipe, names="value")
         self.observe(self._show_config, names="config")
         self.observe(self._recompute, names=["records", "start", "estimator"])
         self._show_config()
@@ -185,6 +189,12 @@ class RewardTuner(widgets.VBox):
     def _on_control(self, name: str, change: Mapping) -> None:
         with shown_in(self.out):
             self.config = dataclasses.replace(self.config, **{name: change["new"]})
+
+    def _on_recipe(self, change: Mapping) -> None:
+        """Load a named recipe (:data:`labkit.credit.reshaping.RECIPES`) into the controls."""
+        if change["new"] in RECIPES:
+            with shown_in(self.out):
+                self.config = recipe(change["new"])
 
     def _on_reset(self, _button: widgets.Button) -> None:
         self.config = dataclasses.replace(self.start)

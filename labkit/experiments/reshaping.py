@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.credit.reshaping import ReshapeConfig
+from labkit.credit.reshaping import RECIPES
 from labkit.experiments import ExperimentConfig, run_methods, write_report
 
 
@@ -26,13 +26,7 @@ class Config(ExperimentConfig):
     runs its noise would dominate at ``paired_k``."""
 
 
-RESHAPING_METHODS = {
-    "raw_grpo": lambda: ReshapeConfig.raw(),
-    "reshaped_grpo": lambda: ReshapeConfig(w_test=1.0, w_precision=0.2, w_style=0.1, w_progress=0.05,
-                                           w_hack=1.0, gate_precision="improved", normalise="batch",
-                                           warmup_steps=5, adv_clip=5.0, amplify="none",
-                                           focus_threshold=0.0),
-}
+RESHAPING_METHODS = {"raw_grpo": RECIPES["raw"], "reshaped_grpo": RECIPES["reshaped"]}
 
 
 def run(exp: Config) -> Path:
