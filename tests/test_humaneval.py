@@ -262,3 +262,46 @@ def test_the_file_may_live_anywhere(tmp_path):
     copy.parent.mkdir()
     shutil.copy(FIXTURE, copy)
     assert len(load_humanevalpack(str(copy))) == 6
+
+
+BROKEN_EXAMPLE = Path(__file__).parent / "fixtures" / "humanevalpack_broken_example.jsonl"
+
+
+def test_a_broken_optional_example_test_falls_back_to_the_docstring_with_a_warning():
+    """Upstream's ``Python/119`` has an ``example_test`` that does not parse; it used to abort
+    the whole file. The fixture's second record has such a field (an unmatched ``)``)."""
+    with pytest.warns(UserWarning, match=r"humanevalpack_broken_example\.jsonl:2 \(task "
+                                         r"'Python/119'\): optional field 'example_test' is "
+                                         r"unusable \(.*does not parse.*\); using the docstring"):
+        tasks = load_humanevalpack(BROKEN_EXAMPLE)
+    assert [t.task_id for t in tasks] == ["humanevalpack/HumanEval-0/bug0",
+                                         "humanevalpack/HumanEval-119/bug0"]
+    fix = tasks[1]
+    assert [(c.args, c.expected) for c in fix.public_tests.cases] == [
+        ((["()(", ")"],), "Yes"), (([")", ")"],), "No")]
+    from labkit.env.sandbox import run_many
+
+    reference, buggy, public = run_many([
+        Candidate(fix.reference_code, fix.tests, fix.entry_point),
+        Candidate(fix.buggy_code, fix.tests, fix.entry_point),
+        Candidate(fix.reference_code, fix.public_tests, fix.entry_point)])
+    assert reference.ok and public.ok and not buggy.ok, (reference, buggy, public)
+
+
+def test_a_broken_required_test_still_fails_with_file_and_line(tmp_path):
+    record = json.loads(BROKEN_EXAMPLE.read_text().splitlines()[1])
+    record["test"] = record["example_test"]  # the required field now does not parse
+    path = _write(tmp_path, [json.dumps(record)])
+    with pytest.raises(ValueError, match=r"pack\.jsonl:1 \(task 'Python/119'\): field 'test': "
+                                         r".*does not parse"):
+        load_humanevalpack(path)
+
+
+def test_a_prompt_that_does_not_parse_names_the_field(tmp_path):
+    record = json.loads(BROKEN_EXAMPLE.read_text().splitlines()[1])
+    record["example_test"] = ""
+    record["prompt"] = "def match_parens(lst:\n"
+    path = _write(tmp_path, [json.dumps(record)])
+    with pytest.raises(ValueError, match=r"pack\.jsonl:1 \(task 'Python/119'\): field 'prompt' "
+                                         r"does not parse"):
+        load_humanevalpack(path)

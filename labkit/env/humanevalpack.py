@@ -9,15 +9,17 @@ docstring, instruction``. Each record becomes one :class:`RepairTask`:
   ``declaration + canonical_solution`` (or ``prompt + canonical_solution`` when the first does
   not parse);
 * hidden tests from ``test`` and public tests from ``example_test`` (else the docstring
-  examples), both through :func:`labkit.env.humaneval.convert_test`;
+  examples), both through :func:`labkit.env.humaneval.convert_test`. ``example_test`` is
+  optional: when it does not convert (upstream's ``Python/119`` does not parse), the record
+  keeps its docstring examples and a warning names the file, line and task;
 * one :class:`BugSpan`: its kind from ``bug_type`` (``"value misuse"`` -> ``value_misuse``),
   its lines the buggy-side extent of a line diff against the reference.
 
 The problem id of ``Python/12`` is ``HumanEval-12``, the id :mod:`labkit.env.tasks` gives the
 same HumanEval problem, so both sources put it in the same split.
 
-Every problem with the input raises an error that names the file, the line, the task and the
-field, and says what to do.
+Every problem with a required field raises an error that names the file, the line, the task
+and the field, and says what to do.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ast
 import difflib
 import json
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -162,13 +165,25 @@ def _changed_lines(reference: str, buggy: str) -> tuple[int, int]:
 
 
 def _public_tests(record: Mapping, reference: str, where: str) -> TestSuite:
-    """``example_test`` converted when present, else the docstring examples."""
+    """``example_test`` converted when present, else the docstring examples.
+
+    ``example_test`` is optional, so one that does not convert does not cost the task: a
+    :class:`UserWarning` names the record and the docstring examples are used instead.
+    """
     example = record.get("example_test") or ""
-    if example.strip():
+    if isinstance(example, str) and example.strip():
         try:
             return convert_test(example, record["entry_point"], reference,
                                 record["task_id"]).suite
         except ValueError as e:
-            raise ValueError(f"{where}: field 'example_test': {e}; leave it empty to use the "
-                             "docstring examples instead") from None
-    return TestSuite(cases=tuple(docstring_examples(record)))
+            warnings.warn(f"{where}: optional field 'example_test' is unusable ({e}); using "
+                          "the docstring examples as public tests instead", stacklevel=4)
+    elif example:
+        warnings.warn(f"{where}: optional field 'example_test' is a {type(example).__name__}, "
+                      "not a string; using the docstring examples as public tests instead",
+                      stacklevel=4)
+    try:
+        return TestSuite(cases=tuple(docstring_examples(record)))
+    except (SyntaxError, ValueError) as e:
+        raise ValueError(f"{where}: field 'prompt' does not parse ({e}); it must hold the "
+                         "function's signature and docstring") from None
