@@ -16,7 +16,15 @@ def test_mean_ci95_golden():
     assert m == pytest.approx(0.6)
     # t(0.975, df=2) = 4.303; stdev = 0.1; half-width = 4.303 * 0.1 / sqrt(3)
     assert h == pytest.approx(4.303 * 0.1 / math.sqrt(3))
-    assert mean_ci95([0.4]) == (0.4, 0.0)
+    assert mean_ci95([0.4]) == (0.4, None)  # one seed: no interval
+
+
+def test_one_seed_rows_print_no_interval():
+    from labkit.experiments import format_interval
+
+    assert format_interval(0.012, None, signed=True) == "+0.012 ± n/a"
+    assert format_interval(0.5, 0.02) == "0.500 ± 0.020"
+    assert format_interval(0.123, None, digits=1, scale=100) == "12.3 ± n/a"
 
 
 def test_unknown_experiment_is_named():
@@ -26,22 +34,41 @@ def test_unknown_experiment_is_named():
 
 def test_equal_wall_reads_the_fork_curve_at_grpo_wall_time():
     didpo = load("didpo")
-    grpo = {"seeds": [{"seed": 0, "s_per_step": 2.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.6,
+    grpo = {"seeds": [{"seed": 0, "s_per_step": 99.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.6,
                        "wall_s": 40.0, "curve": [[0, 0.5], [10, 0.55], [20, 0.6]]}]}
-    fork = {"seeds": [{"seed": 0, "s_per_step": 3.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.7,
+    fork = {"seeds": [{"seed": 0, "s_per_step": 1.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.7,
                        "wall_s": 60.0, "curve": [[0, 0.5], [10, 0.52], [20, 0.7]]}]}
-    r = didpo.equal_wall(grpo, fork)
+    costs = {"grpo": 2.0, "didpo_fork": 3.0}  # measured side by side; the runs' own s/step unused
+    r = didpo.equal_wall(grpo, fork, costs)
     s = r["seeds"][0]
     assert s["steps_at_wall"] == 13          # floor(20 * 2 / 3)
     assert s["step_evaluated"] == 10         # the last evaluation at or before step 13
     assert s["pass_at_1_end"] == 0.52
     assert r["delta"][0] == pytest.approx(0.02)
-    assert r["wall_s"] == pytest.approx(30.0)  # 60 s * 10 / 20
+    assert r["wall_s"] == pytest.approx(30.0)  # 10 steps x 3 s
     # a fork run shorter than GRPO's (fork_steps): GRPO's 20 steps x 2 s buy 4 fork steps at 10 s
     short = {"seeds": [{"seed": 0, "s_per_step": 10.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.58,
                         "wall_s": 50.0, "curve": [[0, 0.5], [2, 0.56], [4, 0.58]]}]}
-    s = didpo.equal_wall(grpo, short)["seeds"][0]
+    s = didpo.equal_wall(grpo, short, {"grpo": 2.0, "didpo_fork": 10.0})["seeds"][0]
     assert (s["steps_at_wall"], s["step_evaluated"], s["pass_at_1_end"]) == (4, 4, 0.58)
+
+
+def test_equal_wall_never_reports_the_start_policy_as_trained():
+    """A budget that ends before the first evaluation after step 0 reads step 0, the start
+    policy: that seed is left out and named, not averaged in."""
+    didpo = load("didpo")
+    grpo = {"seeds": [{"seed": s, "curve": [[0, 0.5], [20, 0.6]]} for s in (0, 1)]}
+    fork = {"seeds": [{"seed": 0, "pass_at_1_start": 0.5, "curve": [[0, 0.5], [2, 0.56]]},
+                      {"seed": 1, "pass_at_1_start": 0.5, "curve": [[0, 0.5], [4, 0.9]]}]}
+    r = didpo.equal_wall(grpo, fork, {"grpo": 1.0, "didpo_fork": 7.0})  # 20 / 7 -> 2 steps
+    assert [s["seed"] for s in r["seeds"]] == [0]
+    assert r["not_reached"] == [{"seed": 1, "steps_at_wall": 2, "first_evaluation": 4}]
+    assert r["end"] == (0.56, None)
+    none = didpo.equal_wall(grpo, fork, {"grpo": 1.0, "didpo_fork": 100.0})
+    assert none["seeds"] == [] and "end" not in none
+    lines = didpo.cost_lines({"step_costs_s": {"grpo": 1.0, "didpo_fork": 100.0},
+                              "didpo_fork@wall": none})
+    assert any("No seed reached one" in line for line in lines)
 
 
 def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
@@ -63,6 +90,8 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
         evals = (tmp_path / "runs" / "didpo" / m / "seed0" / "eval.jsonl").read_text().splitlines()
         assert json.loads(evals[-1])["eval/pass_at_1"] == seed["pass_at_1_end"]
     assert "| grpo |" in (tmp_path / "didpo.md").read_text()
+    assert set(res["step_costs_s"]) == {"grpo", "didpo"} and min(res["step_costs_s"].values()) > 0
+    assert "measured side by side" in (tmp_path / "didpo.md").read_text()
     html = (tmp_path / "didpo.html").read_text()
     assert 'src="plotly.min.js"' in html and '"name":"grpo seed 0"' in html
     assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000  # shared by every figure

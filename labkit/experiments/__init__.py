@@ -28,13 +28,23 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def mean_ci95(xs: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% t-interval (0 for a single value)."""
+def mean_ci95(xs: list[float]) -> tuple[float, float | None]:
+    """Mean and half-width of the 95% t-interval; the half-width is ``None`` for a single
+    value (one seed says nothing about seed-to-seed spread)."""
     m = statistics.fmean(xs)
     if len(xs) < 2:
-        return m, 0.0
+        return m, None
     t = _T95.get(len(xs) - 1, 1.96)
     return m, t * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def format_interval(mean: float, half: float | None, digits: int = 3, scale: float = 1.0,
+                    signed: bool = False) -> str:
+    """``"+0.012 ± 0.020"``; ``"+0.012 ± n/a"`` when there is no interval (one seed)."""
+    if mean != mean:
+        return "n/a"
+    body = f"{mean * scale:+.{digits}f}" if signed else f"{mean * scale:.{digits}f}"
+    return f"{body} ± {'n/a' if half is None else f'{half * scale:.{digits}f}'}"
 
 
 @dataclass
@@ -223,7 +233,8 @@ def write_report(results: dict, out_dir: str | Path, title: str, notes: str = ""
              "|---|---|---|---|---|---|"]
     for m, r in results["methods"].items():
         (s, _), (e, _), (d, dh) = r["start"], r["end"], r["delta"]
-        lines.append(f"| {m} | {s:.3f} | {e:.3f} | {d:+.3f} ± {dh:.3f} | {r['s_per_step']:.2f} | {r['wall_s']:.0f} |")
+        lines.append(f"| {m} | {s:.3f} | {e:.3f} | {format_interval(d, dh, signed=True)} | "
+                     f"{r['s_per_step']:.2f} | {r['wall_s']:.0f} |")
     lines += ["", "Per seed:", "", "| method | seed | start | end | train reward first -> last |", "|---|---|---|---|---|"]
     for m, r in results["methods"].items():
         for sd in r["seeds"]:

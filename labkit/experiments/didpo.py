@@ -34,6 +34,8 @@ class Config(ExperimentConfig):
     """Steps for ``didpo_fork`` (0 = ``steps``). Forking costs several steps' compute, so a
     smaller budget here gives it about GRPO's wall clock directly (``didpo_fork@wall``
     still reads its curve at GRPO's measured wall time)."""
+    cost_rounds: int = 2
+    """Rounds of the side-by-side cost measurement (one step of every method per round)."""
     ablation_steps: int = 0
     """Steps for the ablations (0 = ``steps``); compare them with the main methods'
     evaluation at that step (``eval_every`` should divide it)."""
@@ -58,41 +60,91 @@ def _configure(exp: Config):
     return configure
 
 
-def equal_wall(grpo: dict, fork: dict) -> dict:
-    """``fork``'s per-seed results truncated to GRPO's wall time per seed.
+def equal_wall(grpo: dict, fork: dict, costs: dict[str, float]) -> dict:
+    """``fork``'s per-seed results truncated to GRPO's wall time.
 
-    ``steps_at_wall = floor(steps_grpo * s_grpo / s_fork)``; the pass@1 reported is the
-    last evaluation at or before that step (evaluations are every ``eval_every`` steps).
+    ``costs`` are seconds per step of each method measured side by side in this experiment
+    (:func:`measure_step_costs`), never the runs' own timings, which come from other times and
+    loads. ``steps_at_wall = floor(steps_grpo * cost_grpo / cost_fork)``; the pass@1 reported
+    is the last evaluation at or before that step. A seed whose last such evaluation is step
+    0 has not trained within the budget: it is listed in ``not_reached``, never averaged in
+    as a trained result (step 0 is the start policy).
     """
     by_seed = {s["seed"]: s for s in grpo["seeds"]}
-    seeds = []
+    ratio = costs["grpo"] / max(costs["didpo_fork"], 1e-9)
+    seeds, not_reached = [], []
     for f in fork["seeds"]:
         g = by_seed.get(f["seed"])
         if g is None:
             continue
-        steps_total = f["curve"][-1][0]
-        budget = int(g["curve"][-1][0] * g["s_per_step"] / max(f["s_per_step"], 1e-9))  # GRPO's steps
+        budget = int(g["curve"][-1][0] * ratio)  # fork steps that fit in GRPO's wall time
         point = max((p for p in f["curve"] if p[0] <= budget), key=lambda p: p[0])
+        if point[0] == 0:
+            not_reached.append({"seed": f["seed"], "steps_at_wall": budget,
+                                "first_evaluation": min(p[0] for p in f["curve"] if p[0] > 0)})
+            continue
         seeds.append({**f, "pass_at_1_end": point[1], "curve": [p for p in f["curve"] if p[0] <= budget],
                       "steps_at_wall": budget, "step_evaluated": point[0]})
-    starts = [s["pass_at_1_start"] for s in seeds]
-    ends = [s["pass_at_1_end"] for s in seeds]
-    return {"seeds": seeds, "start": mean_ci95(starts), "end": mean_ci95(ends),
-            "delta": mean_ci95([e - s for s, e in zip(starts, ends)]),
-            "wall_s": statistics.fmean(s["wall_s"] * s["step_evaluated"] / max(steps_total, 1) for s in seeds),
-            "s_per_step": statistics.fmean(s["s_per_step"] for s in seeds)}
+    out = {"seeds": seeds, "not_reached": not_reached, "cost_ratio": ratio,
+           "s_per_step": costs["didpo_fork"]}
+    if seeds:
+        starts = [s["pass_at_1_start"] for s in seeds]
+        ends = [s["pass_at_1_end"] for s in seeds]
+        out |= {"start": mean_ci95(starts), "end": mean_ci95(ends),
+                "delta": mean_ci95([e - s for s, e in zip(starts, ends)]),
+                "wall_s": statistics.fmean(s["step_evaluated"] * costs["didpo_fork"] for s in seeds)}
+    return out
+
+
+def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -> dict[str, float]:
+    """Seconds per training step of each method, measured side by side now: ``rounds``
+    rounds, each training one step of every method in turn (same seed, tasks and start
+    policy, fresh run folders, no evaluation), so all share the machine's load. The median
+    over rounds; the first round of each method also pays its one-off set-up (buggy-code
+    baselines), the reason for more than one round."""
+    import shutil
+    import tempfile
+
+    from labkit.experiments import base_train_config
+    from labkit.loops.trainer import Trainer
+
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    root = Path(tempfile.mkdtemp(prefix="didpo-costs-"))
+    configure = _configure(exp)
+    try:
+        trainers = {}
+        for m in methods:
+            cfg = base_train_config(exp, exp.seeds[0], str(root / m))
+            cfg.reshape = _method(m)()
+            configure(m, cfg)
+            cfg.steps, cfg.eval_every, cfg.checkpoint_every = rounds, 0, rounds + 1
+            trainers[m] = Trainer(cfg)
+        for _ in range(rounds):
+            for m in methods:
+                times[m].append(trainers[m].train_step()["time/step"])
+        for tr in trainers.values():
+            tr.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {m: statistics.median(v) for m, v in times.items()}
 
 
 def run(exp: Config) -> Path:
     main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure(exp),
                        aliases={"grpo": "reshaping/raw_grpo"})  # the same run as raw GRPO there
+    # Learning curves may come from runs made at other times; costs are measured here, now,
+    # side by side, for every compared method (the equal-wall budget depends on them).
+    main["step_costs_s"] = measure_step_costs(exp, tuple(exp.methods), exp.cost_rounds)
     if exp.ablations:
         one = dataclasses.replace(exp, seeds=(exp.ablation_seed,))
         abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, one, configure=_configure(exp))
         for m, r in abl["methods"].items():
             main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
     if "grpo" in main["methods"] and "didpo_fork" in main["methods"]:
-        main["methods"]["didpo_fork@wall"] = equal_wall(main["methods"]["grpo"], main["methods"]["didpo_fork"])
+        wall = equal_wall(main["methods"]["grpo"], main["methods"]["didpo_fork"], main["step_costs_s"])
+        if wall["seeds"]:
+            main["methods"]["didpo_fork@wall"] = wall
+        main["didpo_fork@wall"] = wall
     notes = (
         "All methods: the tiny default, raw reward (fraction of hidden tests passed), PPO-clip with "
         f"KL 0.01 (k3), lr {exp.lr}, {exp.steps} steps of {exp.tasks_per_step} tasks x {exp.group_size} "
@@ -105,4 +157,23 @@ def run(exp: Config) -> Path:
            if exp.fork_steps else "")
         + (f" The ablations run {exp.ablation_steps} steps: compare them with the main methods' "
            f"evaluation at step {exp.ablation_steps} (in the per-seed curves)." if exp.ablation_steps else ""))
-    return write_report(main, exp.out, "GRPO vs DiDPO vs DiDPO-fork on the tiny model", notes)
+    return write_report(main, exp.out, "GRPO vs DiDPO vs DiDPO-fork on the tiny model", notes,
+                        cost_lines(main))
+
+
+def cost_lines(results: dict) -> list[str]:
+    """The report's side-by-side cost table and what the equal-wall reading could not reach."""
+    costs = results["step_costs_s"]
+    base = costs.get("grpo")
+    lines = ["", "Cost per step, every method measured side by side in this run of the experiment:",
+             "", "| method | s/step | x GRPO |", "|---|---|---|"]
+    for m, c in costs.items():
+        lines.append(f"| {m} | {c:.2f} | {c / base:.2f} |" if base else f"| {m} | {c:.2f} | n/a |")
+    wall = results.get("didpo_fork@wall")
+    if wall and wall["not_reached"]:
+        seeds = ", ".join(f"seed {x['seed']} ({x['steps_at_wall']} steps in GRPO's wall time, first "
+                          f"evaluation at step {x['first_evaluation']})" for x in wall["not_reached"])
+        lines += ["", f"`didpo_fork@wall` has no trained reading for {seeds}: those seeds are left "
+                      "out (step 0 is the start policy, not a trained result)."
+                      + ("" if wall["seeds"] else " No seed reached one; the row is omitted.")]
+    return lines

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import to_dict
-from labkit.experiments import RESULTS, mean_ci95, write_markdown
+from labkit.experiments import RESULTS, format_interval, mean_ci95, write_markdown
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
 from labkit.loops.verifier import (VerifierConfig, best_of_n_hit_rate, build_verifier,
@@ -232,7 +232,7 @@ def run(cfg: Config) -> Path:
                 vals = [s["verifier_ranking"][v][k] for s in per_seed.values()]
                 vals = [x for x in vals if x == x]  # drop nan
                 ranking.setdefault(name, {}).setdefault(v, {})[k] = (
-                    mean_ci95(vals) if vals else (float("nan"), 0.0))
+                    mean_ci95(vals) if vals else (float("nan"), None))
     results = {
         "experiment": "mucode", "config": to_dict(cfg), "timings_s": timings,
         "tasks": {"synthetic_train": len(train), "synthetic_eval": len(syn_eval),
@@ -253,10 +253,7 @@ def run(cfg: Config) -> Path:
 
 
 def _pct(mh) -> str:
-    m, h = mh
-    if m != m:
-        return "n/a"
-    return f"{100 * m:.1f} ± {100 * h:.1f}"
+    return format_interval(*mh, digits=1, scale=100)
 
 
 def _markdown(r: dict, cfg: Config) -> str:
