@@ -10,8 +10,8 @@ from conftest import toy_tasks
 
 from labkit.env.records import TestSuite
 from labkit.loops.episodes import Episode, EpisodeConfig, Turn
-from labkit.loops.mucode import (MucodeConfig, MucodeTasks, choose_experts, collected_examples,
-                                 relabel, run_mucode, split_tasks)
+from labkit.loops.mucode import (MucodeConfig, MucodeTasks, choose_experts, collect_programs,
+                                 collected_examples, relabel, run_mucode, split_tasks)
 from labkit.loops.verifier import VerifierConfig
 from labkit.policy.sft import SFTConfig
 
@@ -28,6 +28,18 @@ def test_choose_experts_golden():
     scores = {"a": [0.1, 0.7, -2.0], "b": [9.0, -1.0], "c": [1.0, 2.0], "d": [0.5, 0.5]}
     # argmax per task; empty programs never win; ties keep the first; c has no expert
     assert choose_experts(codes, scores) == {"a": "x = 2", "b": "y = 1", "d": "z = 1"}
+
+
+def test_local_experts_are_chosen_from_everything_collected_so_far():
+    """A program that passed in iteration 1 stays a candidate expert in iteration 2, as the
+    verifier's data does (the pool accumulates; experts used to come from one iteration)."""
+    pool = {}
+    collect_programs(pool, [Episode("a", 0, [_turn(1, "P", ["good", "bad"], [True, False])])])
+    collect_programs(pool, [Episode("a", 0, [_turn(1, "P", ["bad", "worse"], [False, False])]),
+                            Episode("b", 0, [_turn(1, "Q", ["b1"], [False])])])
+    assert pool == {"a": {"good": True, "bad": False, "worse": False}, "b": {"b1": False}}
+    scores = {"a": [0.9, 0.1, 0.0], "b": [0.0]}
+    assert choose_experts({t: list(p) for t, p in pool.items()}, scores) == {"a": "good", "b": "b1"}
 
 
 def test_relabel_golden():

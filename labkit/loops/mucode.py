@@ -5,7 +5,7 @@
                     (labkit.loops.episodes; every attempt labelled by the hidden tests)
         D        <- D + every distinct (task, attempt, label)           (accumulated)
         r_phi    <- a fresh verifier trained on D (BT or BCE)         (labkit.loops.verifier)
-        y*_x     <- argmax_{y collected for x} r_phi(x, y)             the local expert
+        y*_x     <- argmax_{y collected for x so far} r_phi(x, y)      the local expert
         pairs    <- (prompt of every turn of every episode of x, y*_x)  relabelling
         theta    <- supervised fine-tuning on pairs                  (labkit.policy.sft)
         metrics  -> metrics.jsonl, checkpoints/iter_k, events
@@ -119,6 +119,21 @@ def choose_experts(codes: dict[str, Sequence[str]],
         if best is not None:
             out[task_id] = best
     return out
+
+
+def collect_programs(pool: dict[str, dict[str, bool]], episodes: Sequence[Episode]) -> None:
+    """Add every distinct candidate program of ``episodes`` to ``pool`` (task id -> program ->
+    hidden-test label, in order of first appearance).
+
+    The pool lives for the whole run, as the verifier's data does: the local expert of a task
+    is the verifier's best over *everything* collected for it so far, so a program that passed
+    in an earlier iteration stays a candidate expert even if this iteration's policy no longer
+    writes it (relabelling still uses this iteration's trajectories)."""
+    for ep in episodes:
+        progs = pool.setdefault(ep.task_id, {})
+        for turn in ep.turns:
+            for c, ok in zip(turn.candidates, turn.hidden_ok):
+                progs.setdefault(c, ok)
 
 
 def relabel(episodes: Sequence[Episode], experts: dict[str, str]) -> list[tuple[str, str]]:
@@ -242,6 +257,7 @@ def run_mucode(cfg: MucodeConfig, *, policy=None, train_tasks: Sequence[RepairTa
         sandbox = Sandbox()
     fit_tasks, held_tasks = split_tasks(train_tasks, cfg.tasks.verifier_holdout, cfg.seed)
     data: list[VerifierExample] = []
+    programs: dict[str, dict[str, bool]] = {}  # every program collected so far (collect_programs)
     rows: list[dict] = []
     evals: list[dict] = []
     verifier: Verifier | None = None
@@ -301,14 +317,9 @@ def run_mucode(cfg: MucodeConfig, *, policy=None, train_tasks: Sequence[RepairTa
 
             # -- local experts and relabelling -------------------------------------------------
             by_id = {t.task_id: t for t in train_tasks}
-            codes: dict[str, list[str]] = {}
-            labels: dict[str, list[bool]] = {}
-            for ep in episodes:
-                for turn in ep.turns:
-                    for c, ok in zip(turn.candidates, turn.hidden_ok):
-                        if c not in codes.setdefault(ep.task_id, []):
-                            codes[ep.task_id].append(c)
-                            labels.setdefault(ep.task_id, []).append(ok)
+            collect_programs(programs, episodes)
+            codes = {tid: list(p) for tid, p in programs.items()}
+            labels = {tid: list(p.values()) for tid, p in programs.items()}
             flat = [(tid, c) for tid, cs in codes.items() for c in cs]
             flat_scores = verifier.score([by_id[tid] for tid, _ in flat], [c for _, c in flat])
             scores: dict[str, list[float]] = {}
@@ -318,7 +329,7 @@ def run_mucode(cfg: MucodeConfig, *, policy=None, train_tasks: Sequence[RepairTa
             expert_ok = [labels[tid][codes[tid].index(c)] for tid, c in experts.items()]
             solvable = sum(any(v) for v in labels.values())
             pairs = relabel(episodes, experts)
-            row.update({"expert/tasks": len(experts),
+            row.update({"expert/tasks": len(experts), "expert/programs": len(flat),
                         "expert/pass_frac": sum(expert_ok) / max(1, len(expert_ok)),
                         "expert/solvable_frac": solvable / max(1, len(labels)),
                         "sft/pairs": len(pairs)})
