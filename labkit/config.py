@@ -160,6 +160,27 @@ def to_dict(cfg: Any) -> dict:
     return out
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def to_record(cfg: Any) -> dict:
+    """:func:`to_dict` for files the project commits (results, model manifests): a path
+    inside the repository is written relative to its root, so the record names no folder of
+    the machine that made it."""
+    def portable(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: portable(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [portable(x) for x in v]
+        if isinstance(v, str) and v.startswith("/"):
+            try:
+                return str(Path(v).resolve().relative_to(REPO_ROOT))
+            except ValueError:
+                return v
+        return v
+    return portable(to_dict(cfg))
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``"a.b=3"`` -> (["a", "b"], 3) with the value parsed as YAML (numbers, bools, lists)."""
     if "=" not in item:

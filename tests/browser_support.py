@@ -1,7 +1,7 @@
 """Helpers of the real-browser tests (``tests/test_browser.py``): a JupyterLab server on
 localhost, Debian's Chromium driven by Playwright, notebooks written with nbformat.
 
-The recipe (flags, selectors, teardown) is ``shared/notes/browser-testing.md``: JupyterLab
+The recipe (flags, selectors, teardown; ``docs/widgets.md``): JupyterLab
 with no token, isolated settings / workspaces / runtime folders; Chromium from
 ``/usr/bin/chromium`` (Playwright's own download does not work here) with background
 networking off; teardown that kills the server's kernels by PID.

@@ -21,3 +21,25 @@ def test_torch_is_pinned_to_the_cpu_build():
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "torch==2.13.0" in proj["dependencies"]
+
+
+def test_the_repository_refers_only_to_itself():
+    """Docs, docstrings, tests, notebooks and results name no file outside the repository:
+    no development notes beside the checkout, no absolute path of a development machine."""
+    import re
+    import subprocess
+
+    outside = re.compile("|".join(["shared/" + "notes", r"\.\./" + "shared/", "/" + "work/",
+                                   "/" + "farm/"]))
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    hits = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".ipynb", ".json", ".yml", ".yaml", ".toml", ".txt",
+                               ""} or not path.is_file():
+            continue
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if outside.search(line):
+                hits.append(f"{name}:{i}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits[:20])

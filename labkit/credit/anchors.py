@@ -1,7 +1,7 @@
 """DiDPO diff-anchor credit (Diff-in-Diff Policy Optimization, arXiv 2608.07147).
 
-``shared/notes/methods.md`` section 1 records what the paper and its released code specify;
-``docs/didpo.md`` says where this implementation differs. For the G rollouts of one task:
+``docs/didpo.md`` records what the paper and its released code specify, and where this
+implementation differs. For the G rollouts of one task:
 
 1. **roots**: each rollout's gated changed lines (:func:`labkit.credit.diffs.root_diff`);
 2. **sub-diff candidates**: every whole root (exact hash), and for at most ``pair_budget``

@@ -1,6 +1,6 @@
 """Root diffs: the lines of a candidate program that are its edit, and where they sit in the text.
 
-DiDPO (arXiv 2608.07147, ``shared/notes/methods.md`` section 1) makes the code diff the
+DiDPO (arXiv 2608.07147; ``docs/didpo.md``) makes the code diff the
 unit of credit. Here every completion is a whole fixed program (the paper's *overwrite*
 action), so a rollout's **root diff** is the candidate's changed and added lines:
 

@@ -1,7 +1,7 @@
 """Counterfactual-fork credit: the ``didpo_fork`` advantage estimator.
 
-The "counterfactual forking" reading of DiDPO (``shared/notes/methods.md`` section 1, seed
-000; *not* in the paper's released code, see ``docs/didpo.md``). At selected steps ``t`` of
+The "counterfactual forking" reading of DiDPO (from the blog post the
+project started from; *not* in the paper's released code, see ``docs/didpo.md``). At selected steps ``t`` of
 rollout ``i`` (:mod:`labkit.policy.forking` chooses them and makes the forks: a baseline
 policy ``b`` proposes ``a != y_t``, the current policy continues), the step's credit is
 

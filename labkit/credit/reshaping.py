@@ -1,5 +1,5 @@
-"""Reward reshaping for GRPO under weak feedback (the recipe of seed 002; see
-``shared/notes/methods.md`` section 2 for how it relates to arXiv 2605.07276).
+"""Reward reshaping for GRPO under weak feedback (the recipe of the seed blog post;
+``docs/training.md`` says how it relates to arXiv 2605.07276).
 
 Three stages, each a pure function, composed by :class:`Reshaper` from one
 :class:`ReshapeConfig` (which a notebook slider or a papermill parameter can set):

@@ -1,7 +1,7 @@
 """Weak-feedback signals for a candidate fix: named components, each a pure function.
 
-Given a task and a candidate program, the lab computes (blog recipe of seed 002,
-formalised in ``shared/notes/methods.md`` section 2):
+Given a task and a candidate program, the lab computes (the reshaping blog post's
+components; ``docs/feedback.md`` and ``docs/training.md``):
 
 =================  ==========================================================================
 ``r_test``         fraction of the hidden tests passed, ``passed / total``

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.config import from_dict, to_dict
+from labkit.config import from_dict, to_dict, to_record
 from labkit.loops.trainer import Trainer, TrainConfig
 
 EXPERIMENTS = ("reshaping", "didpo", "credit", "mucode")
@@ -92,7 +92,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``) that
     trains the identical configuration: a finished run of it is reused instead of trained
     again (the config, run folder aside, must match exactly)."""
-    results: dict = {"experiment": name, "config": to_dict(exp), "methods": {}}
+    results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
     for method, make in methods.items():
         per_seed = []
         for seed in exp.seeds:

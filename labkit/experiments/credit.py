@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.config import to_dict
+from labkit.config import to_record
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import Candidate
@@ -334,7 +334,7 @@ def run(cfg: Config) -> Path:
             runner)
     datasets["synthetic"] |= {"cost": cost_s, "records": len(recs_s)}
     datasets["humaneval"] |= {"cost": cost_h, "records": len(recs_h)}
-    results = {"experiment": "credit", "config": to_dict(cfg), "datasets": datasets,
+    results = {"experiment": "credit", "config": to_record(cfg), "datasets": datasets,
                "wall_s": round(time.time() - t_start, 1), "hunks": recs_s + recs_h}
     return write_report(results, cfg)
 

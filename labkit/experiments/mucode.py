@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.config import to_dict
+from labkit.config import to_record
 from labkit.experiments import RESULTS, format_interval, mean_ci95, write_markdown
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -234,7 +234,7 @@ def run(cfg: Config) -> Path:
                 ranking.setdefault(name, {}).setdefault(v, {})[k] = (
                     mean_ci95(vals) if vals else (float("nan"), None))
     results = {
-        "experiment": "mucode", "config": to_dict(cfg), "timings_s": timings,
+        "experiment": "mucode", "config": to_record(cfg), "timings_s": timings,
         "tasks": {"synthetic_train": len(train), "synthetic_eval": len(syn_eval),
                   "humaneval_total_test_val": he_total, "humaneval_fit": he_n_fit,
                   "humaneval_run": len(he_fit),

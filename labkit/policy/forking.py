@@ -1,7 +1,7 @@
 """Counterfactual forking: what if the policy had written another token at step t?
 
-The "counterfactual forking" reading of DiDPO (``/work/shared/notes/methods.md`` section 1;
-it is *not* in the paper's released code): at a chosen step ``t`` of a factual completion
+The "counterfactual forking" reading of DiDPO (``docs/didpo.md`` and
+``docs/forking.md``; it is *not* in the paper's released code): at a chosen step ``t`` of a factual completion
 ``y`` of prompt ``x``, a baseline policy ``b`` (the EMA copy) proposes an alternative token
 ``a != y_t``, the current policy ``pi`` continues from there, and the step's credit is
 

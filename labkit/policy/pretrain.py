@@ -18,9 +18,10 @@ import platform
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.config import to_record
 from labkit.policy.loading import TINY_DIR
 from labkit.policy.prompts import training_text
 from labkit.policy.sft import SFTConfig
@@ -144,7 +145,7 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     manifest = {
         "command": "python -m labkit pretrain-tiny " + " ".join(shlex.quote(a) for a in (argv or [])),
         "seed": cfg.seed,
-        "config": asdict(cfg),
+        "config": to_record(cfg),
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
                  "sft_examples": sft["examples"], "dropped_too_long": sft["dropped_too_long"]},
         "model": {"parameters": n_params, "vocab": len(tok), "architecture": "LlamaForCausalLM"},
