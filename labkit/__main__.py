@@ -59,6 +59,37 @@ def cmd_tasks_validate(args) -> int:
     return 0 if not report["failures"] else 1
 
 
+def cmd_tasks_overlap(args) -> int:
+    from labkit.env.overlap import overlap_report
+    from labkit.env.tasks import synthetic_problems
+
+    if args.source != "synthetic":
+        raise CLIError(f"tasks overlap compares generated problems: --source synthetic only "
+                       f"(got {args.source!r})")
+    if args.split == "train":
+        raise CLIError("--split must be a held-out split (val, test or in_template), not train")
+    train = synthetic_problems("train", args.train_n, seed=args.seed)
+    held = synthetic_problems(args.split, args.n or 400, seed=args.seed)
+    rep = overlap_report(train, held, split=args.split)
+    manifest = Path(args.model, "manifest.json") if args.model else None
+    if manifest is not None and manifest.is_file():
+        sft = set(json.loads(manifest.read_text()).get("sft_templates", []))
+        rep["sft_templates"] = len(sft)
+        rep["sft_shared_templates"] = len({h.template for h in held} & sft)
+    print(f"{rep['problems']} {args.split} problems vs {rep['train_problems']} train problems "
+          f"(synthetic, seed {args.seed}):")
+    print(f"  solved by a training reference: {rep['solved_by_train_frac']:.1%}")
+    print(f"  text similarity to the nearest training problem: median "
+          f"{rep['median_similarity']:.3f}, max {rep['max_similarity']:.3f}")
+    print(f"  function name also in training: {rep['shared_names_frac']:.1%}; templates shared: "
+          f"{rep['shared_templates']} of {rep['held_templates']}")
+    if "sft_shared_templates" in rep:
+        print(f"  templates shared with the model's SFT data: {rep['sft_shared_templates']}")
+    rep.pop("solved_by_train")
+    _emit(rep)
+    return 0
+
+
 def cmd_tasks_show(args) -> int:
     tasks = {t.task_id: t for t in _load(args)}
     if args.task not in tasks:
@@ -279,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     def task_args(sp, *, split_default=None):
         sp.add_argument("--source", choices=SOURCES, default="humaneval")
         sp.add_argument("--path", help="HumanEvalPack-format JSONL (for --source humanevalpack)")
-        sp.add_argument("--split", choices=("train", "val", "test"), default=split_default)
+        sp.add_argument("--split", choices=("train", "val", "test", "in_template"),
+                        default=split_default)
         sp.add_argument("--n", type=int, default=None, help="number of problems (synthetic: required size)")
         sp.add_argument("--seed", type=int, default=0)
 
@@ -287,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     v = tasks.add_parser("validate", help="execute every task's reference and buggy code")
     task_args(v)
     v.set_defaults(func=cmd_tasks_validate)
+    o = tasks.add_parser("overlap", help="how far a held-out synthetic split is from training")
+    o.add_argument("--source", choices=SOURCES, default="synthetic")
+    o.add_argument("--split", choices=("val", "test", "in_template"), default="test")
+    o.add_argument("--n", type=int, default=400, help="held-out problems")
+    o.add_argument("--train-n", type=int, default=2000, help="training problems")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "data" / "models" / "tiny"),
+                   help="model folder whose manifest lists its SFT templates ('' = none)")
+    o.set_defaults(func=cmd_tasks_overlap)
     s = tasks.add_parser("show", help="print one task")
     task_args(s)
     s.add_argument("--task", required=True)

@@ -8,7 +8,7 @@ import pytest
 
 from labkit.env import synthetic
 from labkit.env.records import Candidate, RepairTask, SandboxResult, Split, Status, TestOutcome
-from labkit.env.tasks import SOURCES, load_tasks, split_of, validate_tasks
+from labkit.env.tasks import SOURCES, load_tasks, split_of, template_split, validate_tasks
 
 FIXTURE = str(Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl")
 
@@ -72,9 +72,52 @@ def test_splits_are_disjoint_by_problem_not_by_bug():
     for split, tasks in loaded.items():
         assert len(problems[split]) == 5
         assert {t.split for t in tasks} == {split}
-        assert all(split_of(t.problem_id).value == split for t in tasks)
+        assert all(template_split(t.meta["template"]).value == split for t in tasks)
     variants = collections.Counter(t.problem_id for t in loaded["train"])
     assert max(variants.values()) == 2  # both bugs of a problem stay together
+    templates = {s: {t.meta["template"] for t in tasks} for s, tasks in loaded.items()}
+    assert not (templates["train"] & templates["val"] or templates["train"] & templates["test"])
+
+
+def test_template_split_holds_out_whole_templates_per_family():
+    from labkit.env import synthetic
+    from labkit.env.tasks import TEMPLATE_FRACTIONS
+
+    for family in synthetic.FAMILIES:
+        names = [t for t, _ in synthetic.family_templates(family)]
+        splits = collections.Counter(template_split(t).value for t in names)
+        assert splits["test"] == max(1, round(TEMPLATE_FRACTIONS[2] * len(names))), family
+        assert splits["val"] == round(TEMPLATE_FRACTIONS[1] * len(names)), family
+    # two spellings and two constants of one shape share a template
+    a = next(p for p in synthetic.iter_problems(0) if p.entry_point.startswith("sum_above"))
+    b = next(p for p in synthetic.iter_problems(1) if p.entry_point.startswith("sum_at_least"))
+    assert a.template == b.template and a.problem_id != b.problem_id
+
+
+def test_in_template_split_is_the_instance_split_of_training_templates():
+    from labkit.env.tasks import synthetic_problems
+
+    inside = synthetic_problems("in_template", 30)
+    train = {p.template for p in synthetic_problems("train", 400)}
+    assert all(template_split(p.template).value == "train" for p in inside)
+    assert {p.template for p in inside} & train
+    with pytest.raises(ValueError, match="in_template.*synthetic tasks only"):
+        load_tasks("humaneval", "in_template", validate=False, cache=False)
+
+
+@pytest.mark.slow
+def test_no_held_out_problem_is_solved_by_a_training_reference():
+    """The template split plus the leak pool: on the experiments' training sets no training
+    reference passes every hidden test of a held-out problem, and no template is shared."""
+    from labkit.env.overlap import overlap_report
+    from labkit.env.tasks import synthetic_problems
+
+    train = synthetic_problems("train", 2000, seed=0)
+    for split in ("test", "val"):
+        rep = overlap_report(train, synthetic_problems(split, 200, seed=0), split)
+        assert rep["solved_by_train_frac"] == 0.0 and rep["shared_templates"] == 0, rep
+    inside = overlap_report(train, synthetic_problems("in_template", 100, seed=0))
+    assert inside["shared_templates"] > 0 and inside["solved_by_train_frac"] > 0  # it can fail
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -84,7 +127,7 @@ def test_splits_are_disjoint_by_problem_not_by_bug():
     ({"source": "leetcode"},
      r"unknown task source 'leetcode'; choose one of \['humaneval', 'synthetic', 'humanevalpack'\]"),
     ({"source": "humaneval", "split": "dev"},
-     r"unknown split 'dev'; choose one of \['train', 'val', 'test'\] or None"),
+     r"unknown split 'dev'; choose one of \['train', 'val', 'test', 'in_template'\] or None"),
     ({"source": "humanevalpack"},
      r"source 'humanevalpack' needs path=<a HumanEvalPack-format JSONL file>"),
     ({"source": "humaneval", "path": FIXTURE}, r"path is only read by source 'humanevalpack'"),

@@ -31,9 +31,14 @@ class BugKind(str, enum.Enum):
 
 
 class Split(str, enum.Enum):
+    """Where a problem belongs. For synthetic problems ``val`` and ``test`` hold out whole
+    templates; ``in_template`` holds out instances of training templates (new constants and
+    names, a shape training has seen), the in-distribution check."""
+
     TRAIN = "train"
     VAL = "val"
     TEST = "test"
+    IN_TEMPLATE = "in_template"
 
 
 # ----------------------------------------------------------------------------- tests

@@ -13,11 +13,20 @@ of one behaviour can never land on both sides of a train/test split. The names, 
 and the examples are then drawn from a generator seeded by that hash, so a problem is the same
 whichever seed produced it.
 
+Templates. A problem's *template* is its behaviour before naming and constants: the canonical
+code with the function's name, every literal (numbers, strings) and the direction of every
+comparison abstracted away (:func:`template_of`). ``sum_above_3`` and ``sum_at_least_7`` share
+a template (``x > c`` and ``x >= c + 1`` are the same behaviour on integers); ``sum_even`` and
+``count_even`` do not. Held-out splits hold out whole templates (:mod:`labkit.env.tasks`), so no
+held-out problem is a training problem with other constants.
+
 Generation is pure Python and takes well under a millisecond a problem.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import random
 import textwrap
@@ -66,6 +75,8 @@ class SyntheticProblem:
     tests: TestSuite
     examples: tuple[IOCase, ...]
     level: int  # family difficulty, 1 (easiest) to 3
+    template: str = ""
+    """The behaviour before naming and constants (:func:`template_of`): ``family/<hash>``."""
 
     @property
     def prompt(self) -> str:
@@ -189,6 +200,58 @@ def _identify(draft: _Draft) -> tuple[Template, list[str], str]:
     return code, roles, hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class _Abstract(ast.NodeTransformer):
+    """Abstract a function's code to its template: the name, every literal and the direction
+    and strictness of every comparison go; the structure stays."""
+
+    _SAME = {ast.Gt: ast.Lt, ast.GtE: ast.Lt, ast.LtE: ast.Lt, ast.NotEq: ast.Eq, ast.IsNot: ast.Is,
+             ast.NotIn: ast.In}
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        node.name = "f"
+        node.returns = None
+        self.generic_visit(node)
+        return node
+
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        return ast.Constant(value=type(node.value).__name__)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
+        if isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+            return ast.Constant(value=type(node.operand.value).__name__)  # -5 is a constant
+        self.generic_visit(node)
+        return node
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        node.ops = [self._SAME.get(type(op), type(op))() for op in node.ops]
+        return node
+
+
+def template_of(draft: _Draft) -> str:
+    """``family/<hash>`` of the draft's code with canonical names, then abstracted: the function
+    name, literals (``3``, ``-5``, ``"aeiou"`` all become their type) and comparison direction
+    (``>``, ``>=``, ``<``, ``<=`` one operator; ``==`` / ``!=`` one; ``in`` / ``not in`` one) are
+    dropped. Equal templates mean the same code shape over other constants."""
+    code, roles, _ = _identify(draft)
+    tree = _Abstract().visit(ast.parse(code.substitute({r: VOCAB[r][0] for r in roles})))
+    digest = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    return f"{draft.family}/{digest[:10]}"
+
+
+@functools.lru_cache(maxsize=None)
+def family_templates(family: str, draws: int = 3_000) -> tuple[tuple[str, int], ...]:
+    """The templates of ``family`` with how often each came up in ``draws`` drafts of a fixed
+    stream (most frequent first, then by id). Drafting is cheap, so the census is exact for
+    every template with a non-negligible chance; the split assigns templates from it."""
+    rng = random.Random(f"labkit.synthetic.templates:{family}")
+    counts: dict[str, int] = {}
+    for _ in range(draws):
+        t = template_of(FAMILIES[family].draft(rng))
+        counts[t] = counts.get(t, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _realise(draft: _Draft, template: Template, roles: list[str],
              digest: str) -> SyntheticProblem:
     """Name the draft and run the reference to choose tests and examples, all seeded by the
@@ -204,6 +267,7 @@ def _realise(draft: _Draft, template: Template, roles: list[str],
 
     suite = TestSuite(cases=_select_tests(fn, draft, rng))
     return SyntheticProblem(
+        template=template_of(draft),
         problem_id=f"{draft.family}-{digest[:10]}",
         family=draft.family,
         entry_point=draft.name,

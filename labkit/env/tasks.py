@@ -11,8 +11,13 @@ Three sources, one record (:class:`~labkit.env.records.RepairTask`):
                    (:mod:`labkit.env.humanevalpack`); ``path`` is required
 =================  ==========================================================================
 
-Splits are decided by hashing the *problem* id (:func:`split_of`), never the bug variant, so no
-problem is in two splits. Injected bugs are validated by execution in the sandbox: the reference
+Splits never put one problem in two places. Synthetic problems are split by *template*
+(:func:`template_split`): per family a fixed share of templates (the code shape before names
+and constants, :func:`labkit.env.synthetic.template_of`) is held out for ``val`` and ``test``,
+so no held-out problem is a training problem with other constants; ``in_template`` holds out a
+share of the training templates' instances (the old instance split, under a name that says
+what it is). HumanEval and HumanEvalPack problems are split by hashing the problem id
+(:func:`split_of`). Injected bugs are validated by execution in the sandbox: the reference
 passes every test and the buggy code fails at least one. That costs sandbox time, so validated
 lists are cached as JSONL under ``$LABKIT_CACHE`` (default ``~/.cache/labkit/tasks``), keyed by
 every parameter and by a hash of the code that builds them::
@@ -24,6 +29,7 @@ every parameter and by a hash of the code that builds them::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +50,15 @@ Runner = Callable[[Sequence[Candidate]], list[SandboxResult]]
 
 SOURCES = ("humaneval", "synthetic", "humanevalpack")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+"""Train / val / test shares of *problems* (HumanEval, HumanEvalPack)."""
+TEMPLATE_FRACTIONS = (0.7, 0.1, 0.2)
+"""Train / val / test shares of each synthetic family's *templates*."""
+IN_TEMPLATE_SHARE = 0.1
+"""Share of the training templates' problems held out as the ``in_template`` split."""
+LEAK_POOL = (2000, (0, 1, 2))
+"""``(n, seeds)``: the training problems a held-out synthetic problem must not be solved by,
+the first ``n`` train problems of each generator stream in ``seeds`` (the streams the
+experiments train on). See :func:`synthetic_split`."""
 SYNTHETIC_TIMEOUT_S = 2.0
 """Sandbox deadline per check for synthetic code: references run in microseconds, so a
 mutant that needs more is an endless loop, dropped quickly instead of after the default."""
@@ -70,6 +85,82 @@ def split_of(problem_id: str, seed: int = 0,
     if u < fractions[0] + fractions[1]:
         return Split.VAL
     return Split.TEST
+
+
+def template_split(template: str, seed: int = 0,
+                   fractions: Sequence[float] = TEMPLATE_FRACTIONS) -> Split:
+    """The split of a synthetic template (``family/<hash>``).
+
+    Per family the templates of its census (:func:`labkit.env.synthetic.family_templates`) are
+    ordered by a hash of ``(seed, template)``; the first ``max(1, round(f_test * n))`` go to
+    ``test``, the next ``round(f_val * n)`` to ``val``, the rest to ``train``. A template the
+    census never met (vanishingly rare) falls back to :func:`split_of` on its id."""
+    return _template_splits(seed, tuple(_check_fractions(fractions))).get(
+        template) or split_of(template, seed, fractions)
+
+
+@functools.lru_cache(maxsize=8)
+def _template_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
+    out: dict[str, Split] = {}
+    for family in synthetic.FAMILIES:
+        names = sorted((t for t, _ in synthetic.family_templates(family)),
+                       key=lambda t: hashlib.sha256(f"labkit-template:{seed}:{t}".encode()).digest())
+        n_test = max(1, round(fractions[2] * len(names))) if fractions[2] > 0 else 0
+        n_val = round(fractions[1] * len(names))
+        for i, t in enumerate(names):
+            out[t] = Split.TEST if i < n_test else Split.VAL if i < n_test + n_val else Split.TRAIN
+    return out
+
+
+def synthetic_split(problem: synthetic.SyntheticProblem, seed: int = 0,
+                    fractions: Sequence[float] = TEMPLATE_FRACTIONS) -> Split | None:
+    """A synthetic problem's split: its template's (:func:`template_split`), except that
+
+    * :data:`IN_TEMPLATE_SHARE` of the training templates' problems (by a hash of the problem
+      id) form ``in_template``;
+    * a problem of a held-out template whose hidden tests are all passed by some training
+      reference of the :data:`LEAK_POOL` is in *no* split (``None``). Different templates can
+      still coincide on eight tests (``x > 12 or x even`` is ``x even`` on inputs up to 12;
+      a clamp and a largest-digit function agree on small inputs); such a problem is not held
+      out in any useful sense, so it is dropped rather than evaluated on."""
+    split = template_split(problem.template, seed, fractions)
+    if split != Split.TRAIN:
+        return None if _leak_pool(seed, tuple(fractions)).solves(problem) else split
+    digest = hashlib.sha256(f"labkit-in-template:{seed}:{problem.problem_id}".encode()).digest()
+    return Split.IN_TEMPLATE if int.from_bytes(digest[:8], "big") / 2**64 < IN_TEMPLATE_SHARE \
+        else Split.TRAIN
+
+
+@functools.lru_cache(maxsize=4)
+def _leak_pool(seed: int, fractions: tuple[float, ...]):
+    from labkit.env.overlap import ReferencePool
+
+    n, streams = LEAK_POOL
+    train: dict[str, synthetic.SyntheticProblem] = {}
+    for stream in streams:
+        for p in synthetic_problems("train", n, seed=stream, split_seed=seed, fractions=fractions):
+            train.setdefault(p.problem_id, p)
+    return ReferencePool(list(train.values()))
+
+
+def synthetic_problems(split: str, n: int, seed: int = 0, split_seed: int = 0,
+                       fractions: Sequence[float] = TEMPLATE_FRACTIONS
+                       ) -> list[synthetic.SyntheticProblem]:
+    """The first ``n`` problems of the synthetic stream for ``seed`` that fall in ``split``
+    (before any bug is injected): what :func:`load_tasks` builds its tasks from."""
+    out = []
+    for p in synthetic.iter_problems(seed):
+        if len(out) >= n:
+            break
+        if split == Split.TRAIN.value:  # never needs the leak pool (which is built from this)
+            ok = template_split(p.template, split_seed, fractions) == Split.TRAIN and \
+                synthetic_split(p, split_seed, fractions) == Split.TRAIN
+        else:
+            found = synthetic_split(p, split_seed, fractions)
+            ok = found is not None and found.value == split
+        if ok:
+            out.append(p)
+    return out
 
 
 def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
@@ -109,8 +200,9 @@ class TaskSpec:
     reference fails. ``False`` runs nothing: bugs are drawn blind and may pass every test."""
     split_seed: int = 0
     """Seed of :func:`split_of`; keep it fixed across experiments so splits stay put."""
-    fractions: tuple[float, float, float] = DEFAULT_FRACTIONS
-    """Train / val / test shares."""
+    fractions: tuple[float, float, float] | None = None
+    """Train / val / test shares: of each family's templates for ``synthetic`` (default
+    :data:`TEMPLATE_FRACTIONS`), of problems elsewhere (default :data:`DEFAULT_FRACTIONS`)."""
     families: tuple[str, ...] | None = None
     """Synthetic families to draw from (default: all of :data:`synthetic.FAMILIES`)."""
     operators: tuple[str, ...] | None = None
@@ -120,6 +212,13 @@ class TaskSpec:
     timeout_s: float | None = None
     """Sandbox deadline per check; ``None``: :data:`SYNTHETIC_TIMEOUT_S` for synthetic code,
     the sandbox's default otherwise."""
+
+    def split_of(self, problem_id: str,
+                 generated: synthetic.SyntheticProblem | None = None) -> Split | None:
+        """The split of one problem of this spec's source (``None``: in no split)."""
+        if generated is not None:
+            return synthetic_split(generated, self.split_seed, self.fractions or TEMPLATE_FRACTIONS)
+        return split_of(problem_id, self.split_seed, self.fractions or DEFAULT_FRACTIONS)
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the bad parameter and the valid choices."""
@@ -140,7 +239,11 @@ class TaskSpec:
             if value is not None and value < (0 if name == "n" else 1):
                 raise ValueError(f"{name} must be {'>= 0' if name == 'n' else '>= 1'}, "
                                  f"got {value}")
-        _check_fractions(self.fractions)
+        if self.fractions is not None:
+            _check_fractions(self.fractions)
+        if self.source != "synthetic" and self.split == Split.IN_TEMPLATE.value:
+            raise ValueError(f"split 'in_template' exists for synthetic tasks only (they have "
+                             f"templates); {self.source!r} has train, val and test")
         if self.families is not None:
             unknown = sorted(set(self.families) - set(synthetic.FAMILIES))
             if unknown:
@@ -154,7 +257,7 @@ class TaskSpec:
 def load_tasks(source: str, split: str | None = None, *, n: int | None = None, seed: int = 0,
                path: str | None = None, bugs_per_problem: int = 1, n_bugs: int = 1,
                validate: bool = True, split_seed: int = 0,
-               fractions: Sequence[float] = DEFAULT_FRACTIONS,
+               fractions: Sequence[float] | None = None,
                families: Iterable[str] | None = None, operators: Iterable[str] | None = None,
                include_syntax: bool = False, timeout_s: float | None = None,
                runner: Runner | None = None, cache: bool = True,
@@ -166,7 +269,8 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
     cache; ``progress`` shows a bar over problems while bugs are injected.
     """
     spec = TaskSpec(source, split, n, seed, str(path) if path else None, bugs_per_problem,
-                    n_bugs, validate, split_seed, tuple(float(f) for f in fractions),
+                    n_bugs, validate, split_seed,
+                    tuple(float(f) for f in fractions) if fractions is not None else None,
                     tuple(families) if families is not None else None,
                     tuple(operators) if operators is not None else None, include_syntax,
                     timeout_s)
@@ -209,9 +313,9 @@ class _Variant:
 
 
 def _problems(spec: TaskSpec) -> list[_Problem]:
-    def wanted(problem_id: str) -> bool:
-        return spec.split is None or split_of(problem_id, spec.split_seed,
-                                              spec.fractions).value == spec.split
+    def wanted(problem_id: str, generated: synthetic.SyntheticProblem | None = None) -> bool:
+        found = spec.split_of(problem_id, generated)
+        return found is not None and (spec.split is None or found.value == spec.split)
 
     if spec.source == "humaneval":
         chosen = [p for p in humaneval.load_problems() if wanted(_humaneval_id(p))]
@@ -227,10 +331,11 @@ def _problems(spec: TaskSpec) -> list[_Problem]:
         except RuntimeError as e:
             raise ValueError(f"only {len(out)} synthetic problems fall in split {spec.split!r} "
                              f"before the generator runs out ({e}); ask for fewer") from None
-        if wanted(p.problem_id):
+        if wanted(p.problem_id, p):
             out.append(_Problem(p.problem_id, p.prompt, p.reference_code, p.entry_point, p.tests,
                                 TestSuite(cases=p.examples),
-                                {"family": p.family, "level": p.level}, generated=p))
+                                {"family": p.family, "level": p.level, "template": p.template},
+                                generated=p))
     return out
 
 
@@ -267,7 +372,7 @@ def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool) -> li
         failing = [[frozenset()] * len(v) for v in per_problem]
     tasks = []
     for problem, found_variants, fails in zip(problems, per_problem, failing):
-        split = split_of(problem.problem_id, spec.split_seed, spec.fractions).value
+        split = spec.split_of(problem.problem_id, problem.generated).value
         for k, (variant, failed) in enumerate(zip(found_variants, fails)):
             prompt, public = problem.prompt, problem.public_tests
             if problem.generated is not None:
@@ -369,7 +474,7 @@ def _humanevalpack_tasks(spec: TaskSpec, runner: Runner | None) -> list[RepairTa
 
     tasks = []
     for task in load_humanevalpack(spec.path):
-        split = split_of(task.problem_id, spec.split_seed, spec.fractions).value
+        split = spec.split_of(task.problem_id).value
         if spec.split is None or split == spec.split:
             tasks.append(dataclasses.replace(task, split=split))
     tasks = tasks[: spec.n]

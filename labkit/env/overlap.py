@@ -1,0 +1,97 @@
+"""How far a held-out split is from training: the checks behind "held out means held out".
+
+A held-out problem can leak through training in three ways, each measured here over
+synthetic problems (their references are code the generator wrote, so they run in-process):
+
+``solved_by_train_frac``  share of held-out problems whose hidden tests *all* pass with some
+                          training reference (same parameter list): the held-out answer is in
+                          the training data, whatever the text looks like
+``max_similarity``,       normalised text similarity of each held-out reference to its nearest
+``median_similarity``     training reference (rapidfuzz ``ratio`` / 100 over
+                          :func:`labkit.env.feedback.normalise_code`, comments and layout gone)
+``shared_names_frac``     share of held-out problems whose function name a training problem has
+``shared_templates``      held-out templates that a training problem has (0 on a template split)
+
+:func:`overlap_report` takes problems; ``python -m labkit tasks overlap`` builds them for a
+split and prints the report (its last line one JSON object).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rapidfuzz import fuzz, process
+
+from labkit.env.feedback import normalise_code
+from labkit.env.synthetic import SyntheticProblem
+
+
+def compile_reference(problem: SyntheticProblem) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {}
+    exec(compile(problem.reference_code, f"<train {problem.problem_id}>", "exec"), namespace)  # noqa: S102 (generated code)
+    return namespace[problem.entry_point]
+
+
+def passes_all(fn: Callable[..., Any], problem: SyntheticProblem) -> bool:
+    """Every hidden test of ``problem`` gives its expected value, of exactly its type."""
+    for case in problem.tests.cases:
+        args = [list(a) if type(a) is list else a for a in case.args]
+        try:
+            out = fn(*args)
+        except Exception:  # noqa: BLE001 - a reference that raises on foreign inputs fails
+            return False
+        if type(out) is not type(case.expected) or out != case.expected:
+            return False
+    return True
+
+
+def param_types(problem: SyntheticProblem) -> str:
+    """The parameter annotations of the signature (names differ between spellings)."""
+    inside = problem.signature[problem.signature.index("(") + 1: problem.signature.rindex(")")]
+    return ",".join(p.split(":", 1)[1].strip() if ":" in p else "" for p in inside.split(","))
+
+
+class ReferencePool:
+    """Training references grouped by parameter types, compiled once: ``solves(problem)``
+    says whether one of them passes every hidden test of ``problem``."""
+
+    def __init__(self, problems: Sequence[SyntheticProblem]):
+        self.by_params: dict[str, list[Callable[..., Any]]] = defaultdict(list)
+        for p in problems:
+            self.by_params[param_types(p)].append(compile_reference(p))
+
+    def solves(self, problem: SyntheticProblem) -> bool:
+        return any(passes_all(fn, problem) for fn in self.by_params[param_types(problem)])
+
+
+def overlap_report(train: Sequence[SyntheticProblem], held: Sequence[SyntheticProblem],
+                   split: str = "") -> dict:
+    """The leak measures of the module docstring for ``held`` against ``train``, plus
+    ``problems`` (held-out), ``train_problems`` and ``solved_by_train`` (the problem ids)."""
+    if not train or not held:
+        raise ValueError(f"overlap needs training and held-out problems; got {len(train)} and "
+                         f"{len(held)}")
+    pool = ReferencePool(train)
+    solved = [h.problem_id for h in held if pool.solves(h)]
+
+    choices = [normalise_code(p.reference_code) for p in train]
+    sims = [process.extractOne(normalise_code(h.reference_code), choices, scorer=fuzz.ratio)[1] / 100
+            for h in held]
+    names = {p.entry_point for p in train}
+    train_templates = {p.template for p in train}
+    held_templates = {h.template for h in held}
+    return {
+        "split": split,
+        "problems": len(held),
+        "train_problems": len(train),
+        "solved_by_train_frac": round(len(solved) / len(held), 4),
+        "max_similarity": round(max(sims), 4),
+        "median_similarity": round(statistics.median(sims), 4),
+        "shared_names_frac": round(sum(h.entry_point in names for h in held) / len(held), 4),
+        "held_templates": len(held_templates),
+        "shared_templates": len(held_templates & train_templates),
+        "solved_by_train": solved,
+    }
