@@ -37,7 +37,8 @@ from typing import Literal
 import torch
 
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, grpo
-from labkit.policy.forking import POSITION_STRATEGIES, hunk_char_span, split_hunks
+from labkit.env.edits import hunk_char_span, split_hunks
+from labkit.policy.forking import POSITION_STRATEGIES
 from labkit.policy.rollout import Rollout
 
 Normalise = Literal["rms", "meanstd", "none"]

@@ -30,17 +30,17 @@ all three at once (:func:`fork`), then diff hunks and :func:`hunk_effects`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import math
 import random
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from labkit.env.edits import Hunk, hunk_char_span, revert_hunks, split_hunks  # noqa: F401 (re-exported)
 from labkit.env.records import Candidate, RepairTask, SandboxResult
 from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
@@ -626,71 +626,6 @@ def fork(policy, rollouts: Sequence[Rollout], positions: Sequence[Sequence[int]]
 
 
 # ============================================================================= edit-level counterfactuals
-
-
-@dataclass(frozen=True)
-class Hunk:
-    """One maximal run of changed lines between a buggy program and a candidate.
-
-    Line ranges are 0-based and half-open: the candidate's ``after`` lines replaced the
-    buggy ``before`` lines (an insertion has an empty ``before``, a deletion an empty ``after``).
-    """
-
-    before: tuple[int, int]
-    after: tuple[int, int]
-    before_lines: tuple[str, ...]
-    after_lines: tuple[str, ...]
-
-    @property
-    def kind(self) -> str:
-        if not self.before_lines:
-            return "insert"
-        return "delete" if not self.after_lines else "replace"
-
-
-def split_hunks(before: str, after: str) -> list[Hunk]:
-    """The hunks of ``after`` against ``before``: ``difflib.SequenceMatcher`` on lines (line
-    ends kept, no junk heuristic), adjacent non-equal opcodes merged into one hunk."""
-    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    hunks: list[Hunk] = []
-    run: list[int] | None = None  # [a0, a1, b0, b1] of the hunk being built
-    for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag != "equal":
-            run = [run[0], a1, run[2], b1] if run else [a0, a1, b0, b1]
-            continue
-        if run:
-            hunks.append(_hunk(a, b, run))
-            run = None
-    if run:
-        hunks.append(_hunk(a, b, run))
-    return hunks
-
-
-def _hunk(a: list[str], b: list[str], run: list[int]) -> Hunk:
-    a0, a1, b0, b1 = run
-    return Hunk(before=(a0, a1), after=(b0, b1), before_lines=tuple(a[a0:a1]),
-                after_lines=tuple(b[b0:b1]))
-
-
-def revert_hunks(after: str, hunks: Sequence[Hunk], revert: Collection[int]) -> str:
-    """``after`` with ``hunks[k]`` put back to its buggy lines for every ``k`` in ``revert``.
-
-    ``revert_hunks(after, h, ()) == after`` and ``revert_hunks(after, h, range(len(h)))``
-    is the buggy program, for ``h = split_hunks(buggy, after)``.
-    """
-    lines = after.splitlines(keepends=True)
-    for k in sorted(revert, key=lambda k: hunks[k].after[0], reverse=True):
-        b0, b1 = hunks[k].after
-        lines[b0:b1] = hunks[k].before_lines
-    return "".join(lines)
-
-
-def hunk_char_span(text: str, hunk: Hunk) -> tuple[int, int]:
-    """Characters ``[start, end)`` of the hunk's lines in the candidate ``text``; a deletion
-    gives the empty span where the deleted lines were."""
-    lines = text.splitlines(keepends=True)
-    start = sum(len(line) for line in lines[:hunk.after[0]])
-    return start, start + sum(len(line) for line in lines[hunk.after[0]:hunk.after[1]])
 
 
 def _touching(span: tuple[int, int], length: int) -> tuple[int, int]:
