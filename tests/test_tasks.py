@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from labkit.env import synthetic
-from labkit.env.records import Candidate, RepairTask, SandboxResult, Split, Status, TestOutcome
+from labkit.env.records import (Candidate, RepairTask, SandboxResult, Split, Status, TestOutcome,
+                                TestSuite)
 from labkit.env.tasks import SOURCES, load_tasks, split_of, template_split, validate_tasks
 
 FIXTURE = str(Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl")
@@ -248,3 +249,55 @@ def test_validated_lists_are_cached_and_reloaded_without_running(tmp_path):
 
 def test_every_source_is_registered():
     assert SOURCES == ("humaneval", "synthetic", "humanevalpack")
+
+
+# ----------------------------------------------------------------------------- multi-hunk
+
+
+def _suite(fn, inputs):
+    from labkit.env.records import IOCase
+
+    return TestSuite(cases=tuple(IOCase(args=(x,), expected=fn(x), name=f"case_{i}")
+                                 for i, x in enumerate(inputs)))
+
+
+REF = "def f(x):\n    y = x + 1\n    z = 0\n    if x > 3:\n        z = 10\n    return y + z\n"
+
+
+def test_multi_hunk_catches_golden():
+    """Two bugs in separate regions, each caught by its own tests: valid; two bugs whose tests
+    coincide (or a bug no test catches) are not."""
+    from labkit.env.sandbox import Sandbox
+    from labkit.env.tasks import multi_hunk_catches
+
+    suite = _suite(lambda x: x + 1 + (10 if x > 3 else 0), [0, 1, 5, 9])
+    # "x + 2" fails every test, "z = 11" those with x > 3: bug 2 has no test of its own
+    two = REF.replace("x + 1", "x + 2").replace("z = 10", "z = 11")
+    separate = REF.replace("x > 3", "x > 6").replace("return y + z", "return y + z if x else 0")
+    with Sandbox() as sb:
+        assert multi_hunk_catches(REF, two, suite, "f", sb.run_many) is None
+        catches = multi_hunk_catches(REF, separate, suite, "f", sb.run_many)
+        assert catches == [frozenset({"case_2"}), frozenset({"case_0"})]
+        assert multi_hunk_catches(REF, REF.replace("x > 3", "x > 6"), suite, "f", sb.run_many) is None
+
+
+@pytest.mark.slow
+def test_multi_hunk_tasks_are_validated_hunk_by_hunk():
+    from labkit.env.edits import revert_hunks, split_hunks
+    from labkit.env.sandbox import Sandbox
+
+    tasks = load_tasks("synthetic", "train", n=12, n_bugs=2, multi_hunk=True, cache=False)
+    assert tasks, "some of 12 problems must give a two-hunk task"
+    with Sandbox() as sb:
+        for t in tasks:
+            assert "/2bugs" in t.task_id and len(t.bug_kinds) == 2 == len(t.meta["hunk_tests"])
+            hunks = split_hunks(t.reference_code, t.buggy_code)
+            assert len(hunks) == 2
+            results = sb.run_many([Candidate(c, t.tests, t.entry_point) for c in
+                                   (t.reference_code, t.buggy_code,
+                                    *(revert_hunks(t.buggy_code, hunks, [i]) for i in range(2)))])
+            assert results[0].ok and not results[1].ok
+            for i, r in enumerate(results[2:]):  # partial repair: partial reward
+                assert results[1].passed < r.passed < r.total
+                fixed = {o.name for o in r.outcomes if o.ok} - {o.name for o in results[1].outcomes if o.ok}
+                assert fixed <= set(t.meta["hunk_tests"][i])

@@ -212,6 +212,12 @@ class TaskSpec:
     timeout_s: float | None = None
     """Sandbox deadline per check; ``None``: :data:`SYNTHETIC_TIMEOUT_S` for synthetic code,
     the sandbox's default otherwise."""
+    multi_hunk: bool = False
+    """With ``n_bugs >= 2``: keep only variants whose bugs are separate hunks of the diff,
+    each caught by tests no other bug fails, where reverting any one bug fixes only tests of
+    its own (:func:`multi_hunk_catches`, checked by execution); a partial repair then earns
+    partial reward. Task ids read ``.../<n>bugs<k>``; ``meta["hunk_tests"]`` lists each bug's
+    tests."""
 
     def split_of(self, problem_id: str,
                  generated: synthetic.SyntheticProblem | None = None) -> Split | None:
@@ -244,6 +250,9 @@ class TaskSpec:
         if self.source != "synthetic" and self.split == Split.IN_TEMPLATE.value:
             raise ValueError(f"split 'in_template' exists for synthetic tasks only (they have "
                              f"templates); {self.source!r} has train, val and test")
+        if self.multi_hunk and (self.n_bugs < 2 or not self.validate):
+            raise ValueError(f"multi_hunk needs n_bugs >= 2 and validate=True (got n_bugs="
+                             f"{self.n_bugs}, validate={self.validate})")
         if self.families is not None:
             unknown = sorted(set(self.families) - set(synthetic.FAMILIES))
             if unknown:
@@ -260,7 +269,7 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
                fractions: Sequence[float] | None = None,
                families: Iterable[str] | None = None, operators: Iterable[str] | None = None,
                include_syntax: bool = False, timeout_s: float | None = None,
-               runner: Runner | None = None, cache: bool = True,
+               multi_hunk: bool = False, runner: Runner | None = None, cache: bool = True,
                progress: bool = False) -> list[RepairTask]:
     """Load repair tasks from a source; the parameters are documented on :class:`TaskSpec`.
 
@@ -273,7 +282,7 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
                     tuple(float(f) for f in fractions) if fractions is not None else None,
                     tuple(families) if families is not None else None,
                     tuple(operators) if operators is not None else None, include_syntax,
-                    timeout_s)
+                    timeout_s, multi_hunk)
     spec.check()
     cache_file = _cache_file(spec) if cache else None
     if cache_file is not None and cache_file.is_file():
@@ -379,8 +388,9 @@ def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool) -> li
                 examples = synthetic.choose_examples(problem.tests, failed)
                 prompt = problem.generated.prompt_with(examples)
                 public = TestSuite(cases=examples)
+            tag = f"{spec.n_bugs}bugs{k}" if spec.n_bugs > 1 else f"bug{k}"
             tasks.append(RepairTask(
-                task_id=f"{spec.source}/{problem.problem_id}/bug{k}",
+                task_id=f"{spec.source}/{problem.problem_id}/{tag}",
                 problem_id=problem.problem_id,
                 source=spec.source,
                 prompt=prompt,
@@ -401,13 +411,65 @@ def _validated_variants(problem: _Problem, spec: TaskSpec, run: Runner,
                         timeout: float | None) -> list[_Variant]:
     from labkit.env import bugs
 
+    want = spec.bugs_per_problem * (4 if spec.multi_hunk else 1)  # most draws fail the check
     found = bugs.inject_validated(
         problem.reference_code, problem.tests, problem.entry_point,
-        seed=derive_seed(spec.seed, spec.source, problem.problem_id), n=spec.bugs_per_problem,
+        seed=derive_seed(spec.seed, spec.source, problem.problem_id), n=want,
         n_bugs=spec.n_bugs, operators=spec.operators, include_syntax=spec.include_syntax,
-        runner=run, timeout_s=timeout, batch_size=min(16, 2 * spec.bugs_per_problem + 2))
-    return [_Variant(v.code, v.bugs, {"buggy_status": v.status, "buggy_passed": v.passed,
-                                      "tests_total": v.total}) for v in found]
+        runner=run, timeout_s=timeout, batch_size=min(16, 2 * want + 2))
+    out = []
+    for v in found:
+        meta = {"buggy_status": v.status, "buggy_passed": v.passed, "tests_total": v.total}
+        if spec.multi_hunk:
+            catches = multi_hunk_catches(problem.reference_code, v.code, problem.tests,
+                                         problem.entry_point, run, timeout)
+            if catches is None:
+                continue
+            meta["hunk_tests"] = [sorted(c) for c in catches]
+        out.append(_Variant(v.code, v.bugs, meta))
+        if len(out) == spec.bugs_per_problem:
+            break
+    return out
+
+
+def multi_hunk_catches(reference: str, buggy: str, tests: TestSuite, entry_point: str,
+                       run: Runner, timeout: float | None = None) -> list[frozenset[str]] | None:
+    """Each bug's failing tests if ``buggy`` is a valid multi-hunk repair task, else ``None``.
+
+    With ``h_1..h_k`` the hunks of ``buggy`` against ``reference`` (:func:`labkit.env.edits.
+    split_hunks`), ``F_i`` the tests failing with bug ``i`` alone (every other hunk put back),
+    ``F`` those failing with all bugs and ``G_i`` with all but bug ``i``, it is valid when
+    ``k >= 2`` and for every ``i``: ``U_i = F_i - union_{j != i} F_j`` is not empty (bug ``i`` is
+    caught by a test no other bug fails) and ``U_i <= F - G_i <= F_i`` (reverting bug ``i``
+    fixes its own unique tests, and only tests bug ``i`` fails). Returns ``[F_1, ..., F_k]``.
+    Costs ``2k + 1`` sandbox runs."""
+    from labkit.env.edits import revert_hunks, split_hunks
+
+    hunks = split_hunks(reference, buggy)
+    k = len(hunks)
+    if k < 2:
+        return None
+    alone = [revert_hunks(buggy, hunks, [j for j in range(k) if j != i]) for i in range(k)]
+    fixed_one = [revert_hunks(buggy, hunks, [i]) for i in range(k)]
+    codes = [buggy, *alone, *fixed_one]
+    results = run([Candidate(c, tests, entry_point, timeout, id=f"multi-hunk:{n}")
+                   for n, c in enumerate(codes)])
+    every = frozenset(c.name for c in tests.cases)
+
+    def failing(result: SandboxResult) -> frozenset[str]:
+        if not result.outcomes:  # did not load: every test failed
+            return every
+        return frozenset(o.name for o in result.outcomes if not o.ok)
+
+    all_bugs = failing(results[0])
+    single = [failing(r) for r in results[1:k + 1]]
+    without = [failing(r) for r in results[k + 1:]]
+    for i in range(k):
+        others = frozenset().union(*(single[j] for j in range(k) if j != i))
+        unique, fixed = single[i] - others, all_bugs - without[i]
+        if not unique or not unique <= fixed <= single[i]:
+            return None
+    return single
 
 
 def _blind_variants(problem: _Problem, spec: TaskSpec) -> list[_Variant]:
