@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
+import shutil
+import subprocess
+import sys
+import sysconfig
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -221,12 +227,114 @@ def test_without_namespaces_or_uid_the_sandbox_says_so_and_still_works():
     with Sandbox(config) as sb:
         p = sb.protections
         assert not any(p[k] for k in ("non_root_uid", "net_namespace", "mount_namespace",
-                                      "readonly_root", "hidden_paths", "private_tmp"))
+                                      "ipc_namespace", "allowlist_root", "readonly_root",
+                                      "hidden_paths", "private_tmp"))
         assert p["rlimits"] and p["wall_deadline"] and p["process_sweep"]
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
         loop = sb.run(Candidate("def add(a, b):\n    while True: pass\n", ADD_SUITE, "add",
                                 timeout_s=0.3))
         assert loop.status is Status.TIMEOUT
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: namespaces")
+def test_every_standard_library_extension_module_imports_in_the_allow_list_view(sandbox):
+    """The view holds the shared libraries of every extension module, not just of those the
+    worker imported: what imports here imports in a check."""
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    dynload = Path(sysconfig.get_path("platstdlib", vars=base)) / "lib-dynload"
+    names = sorted(path.name.split(".")[0] for path in dynload.glob("*.so"))
+    probe = ("import importlib, sys, warnings\nwarnings.simplefilter('ignore')\n"
+             "for name in sys.argv[1:]:\n"
+             "    try:\n"
+             "        importlib.import_module(name)\n"
+             "        print(name)\n"
+             "    except ImportError:\n"
+             "        pass\n")
+    here = subprocess.run([sys.executable, "-c", probe, *names], capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert len(here) > 20
+    code = ("import importlib\n"
+            "def f(names):\n"
+            "    failed = []\n"
+            "    for name in names:\n"
+            "        try:\n"
+            "            importlib.import_module(name)\n"
+            "        except BaseException as e:\n"
+            "            failed.append(f'{name}: {e}')\n"
+            "    return failed\n")
+    r = sandbox.run(Candidate(code, suite(IOCase((here,), [])), "f"))
+    assert sandbox.protections["allowlist_root"] and r.ok, r.outcomes
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: namespaces")
+def test_without_the_allow_list_root_the_fallback_view_hides_the_checkout(monkeypatch):
+    """Where the allow-list root cannot be built the worker falls back to the host's tree,
+    read-only, with the configured paths hidden, and says so."""
+    setup = Sandbox._setup_frame
+    monkeypatch.setattr(Sandbox, "_setup_frame", lambda self: {**setup(self), "allowlist_root": False})
+    code = f"import os\ndef f():\n    return os.path.exists({str(Path(__file__).resolve())!r})\n"
+    with Sandbox(SandboxConfig(workers=1)) as sb:
+        p = sb.protections
+        assert not p["allowlist_root"]
+        assert p["mount_namespace"] and p["readonly_root"] and p["hidden_paths"] and p["private_tmp"]
+        assert sb.run(Candidate(code, suite(IOCase((), False)), "f")).ok
+        assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="needs root: namespaces")
+def test_extra_paths_are_readable_and_nothing_else_next_to_them():
+    top = Path("/srv") / f"labkit-extra-{os.getpid()}-{time.monotonic_ns()}"
+    shared = top / "shared"
+    try:
+        shared.mkdir(parents=True)
+        (shared / "data.txt").write_text("visible")
+        (top / "secret.txt").write_text("hidden")
+        for path in (top, shared, shared / "data.txt", top / "secret.txt"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        code = ("def f(path):\n"
+                "    try:\n"
+                "        return open(path).read()\n"
+                "    except OSError as e:\n"
+                "        return type(e).__name__\n")
+        tests = suite(IOCase((str(shared / "data.txt"),), "visible"),
+                      IOCase((str(top / "secret.txt"),), "FileNotFoundError"))
+        with Sandbox(SandboxConfig(workers=1, extra_paths=(str(shared),))) as sb:
+            r = sb.run(Candidate(code, tests, "f"))
+        assert r.ok, r.outcomes
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    with pytest.raises(ValueError, match=r"extra_paths: '/tmp/data' is inside /tmp, which every "
+                                         r"check gets as its own empty tmpfs"):
+        SandboxConfig(extra_paths=("/tmp/data",))
+
+
+def test_code_over_max_code_bytes_is_an_error_and_never_parsed():
+    config = SandboxConfig(workers=1, max_code_bytes=4096)
+    small = ADD + "# padding\n" * 100
+    large = ADD + "# padding\n" * 1000
+    with Sandbox(config) as sb:
+        ok, refused = sb.run_many([Candidate(small, ADD_SUITE, "add"),
+                                   Candidate(large, ADD_SUITE, "add")])
+    assert ok.ok and ok.flags == ()
+    assert refused.status is Status.ERROR and refused.passed == 0
+    assert refused.flags == ("too_large",) and refused.wall_s == 0.0
+    assert "more than max_code_bytes (4096); it was not parsed or run" in refused.error
+    assert all(o.detail == "not run" for o in refused.outcomes)
+    with pytest.raises(ValueError, match="max_code_bytes"):
+        SandboxConfig(max_code_bytes=0)
+
+
+def test_fifty_megabytes_of_statements_cost_neither_memory_nor_time(sandbox):
+    """Parsing 50 MB of real statements took ~18 GB and ended in MemoryError; now it is
+    refused by size, in the parent and in the hack scan."""
+    code = "x = foo(a, b + 1, [c, d])\n" * (50_000_000 // 26)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    r = sandbox.run(Candidate(code, ADD_SUITE, "add"))
+    assert r.status is Status.ERROR and r.flags == ("too_large",)
+    assert hackscan.scan(code) == ("too_large",)
+    assert time.monotonic() - start < 2
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10  # KiB
 
 
 def test_a_dead_worker_is_replaced_transparently(sandbox):
@@ -311,6 +419,14 @@ def test_concurrent_callers_share_the_pool(sandbox):
 def test_hack_flags(code, flag):
     assert flag in hackscan.scan(code)
     assert flag in hackscan.FLAGS
+
+
+def test_the_hack_scan_has_a_size_cap():
+    code = "def f(x):\n    return x\n" + "# padding\n" * 30_000  # 300 kB
+    assert hackscan.scan(code) == ("too_large",)
+    assert hackscan.scan(code, max_bytes=1 << 20) == ()
+    assert hackscan.scan("s = '" + "é" * 200_000 + "'\n") == ("too_large",)  # bytes, not chars
+    assert "too_large" in hackscan.FLAGS
 
 
 def test_clean_code_has_no_flags_and_syntax_errors_one():

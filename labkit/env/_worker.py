@@ -11,15 +11,20 @@ Lifetime of a worker:
 1. Read the configuration frame; pre-import the standard library modules candidates commonly
    use. Claim a sandbox uid nobody else uses (an abstract Unix socket named after it serves
    as the lock). If root on Linux, enter an empty network namespace, a private mount
-   namespace and a private IPC namespace once, make every mount read-only, hide the
-   configured paths behind empty tmpfs mounts (keeping the standard library reachable for
-   the sandbox uid), and mount private tmpfs over ``/tmp`` and ``/dev/shm``. Every check
-   forked later inherits all of this for free.
+   namespace and a private IPC namespace once, and replace the file system by an
+   **allow-list** view: a new root (a read-only tmpfs) holding read-only bind mounts of the
+   standard library, the interpreter and the shared libraries it and its extension modules
+   link, a few device nodes, ``/proc``, and private tmpfs mounts on ``/tmp`` and
+   ``/dev/shm``; then ``pivot_root`` into it and detach the old root. Nothing else of the
+   host exists there. Where that cannot be built, fall back to the host's tree made
+   read-only with the configured paths hidden (and say so in the notes). Every check forked
+   later inherits all of this for free.
 2. Freeze the heap for the cycle collector (less copy-on-write in children) and report which
    protections are active.
 3. Per job: fork a child that starts a new session, gets a fresh working directory,
-   rlimits, the sandbox uid, ``/dev/null`` as stdin and stdout, a pipe as stderr and a
-   separate result pipe; the child executes the candidate module and writes one JSON line
+   rlimits, a fresh IPC namespace (System V queues, semaphores and shared memory, POSIX
+   message queues: nothing carries over between checks), the sandbox uid, ``/dev/null`` as
+   stdin and stdout, a pipe as stderr and a separate result pipe; the child executes the candidate module and writes one JSON line
    per test. The worker enforces the wall deadline, caps what it reads, kills the child's
    process group, sweeps whatever the uid left behind, reaps zombies, wipes the private tmp
    directories and replies with the raw result lines. Grading happens in the parent:
@@ -39,10 +44,13 @@ numbered 1, 2, ... on both sides) to the control pipe to have it stopped.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
+import glob
 import importlib.util
 import json
 import os
+import platform
 import random
 import re
 import resource
@@ -73,6 +81,16 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 0x4000, 0x40000, 0x200000, 0x1000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+MNT_DETACH = 2
+# statvfs flags that a bind mount must keep when remounted (they may be locked)
+ST_KEEP, ST_RELATIME = 0x2 | 0x4 | 0x8 | 0x400 | 0x800, 0x1000  # nosuid nodev noexec noatime nodiratime
+# pivot_root has no libc wrapper; its system call number by machine
+SYS_PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41,
+                  "loongarch64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i386": 217,
+                  "i686": 217, "armv7l": 218, "armv6l": 218}
+IPC_RMID = 0
+DEVICES = ("null", "zero", "full", "random", "urandom")  # the device nodes a check gets
+PRIVATE_IN_VIEW = ("/tmp", "/dev", "/proc")  # what the allow-list view mounts itself
 MOUNT_OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                       "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
                       "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
@@ -112,6 +130,36 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
                ctypes.c_ulong(flags), data and data.encode())
 
 
+def _bind_readonly(source: str, target: str, device: bool = False, recursive: bool = False) -> None:
+    """Bind-mount ``source`` on ``target`` (which must exist) and make that mount read-only,
+    nosuid and (unless ``device``) nodev, keeping the flags the source's mount may lock."""
+    _mount(source, target, None, MS_BIND | (MS_REC if recursive else 0))
+    kept = os.statvfs(target).f_flag
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (kept & ST_KEEP)
+    if not device:
+        flags |= MS_NODEV
+    if kept & ST_RELATIME:
+        flags |= MS_RELATIME
+    _mount(None, target, None, flags)
+
+
+def _pivot_root(new_root: str) -> None:
+    """Make ``new_root`` (a mount point) this namespace's root and detach the old root, so
+    that no path leads back to it."""
+    number = SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise OSError(f"pivot_root: unknown system call number on {platform.machine()}")
+    os.chdir(new_root)
+    if libc.syscall(ctypes.c_long(number), b".", b".") != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"pivot_root: {os.strerror(errno)}")
+    try:
+        _libc_call("umount2", b".", ctypes.c_int(MNT_DETACH))  # the old root, stacked on "/"
+    except OSError as e:  # the host's root is still reachable: never run a check like that
+        raise RuntimeError(f"cannot detach the old root after pivot_root: {e}") from None
+    os.chdir("/")
+
+
 # ----------------------------------------------------------------------------- framing
 
 
@@ -145,6 +193,236 @@ def write_frame(fd: int, header: dict, payload: bytes = b"") -> None:
         view = view[os.write(fd, view):]
 
 
+# ----------------------------------------------------------------------------- the allow-list view
+
+# A few files of the host's /etc and /usr/share that the standard library reads: the dynamic
+# loader's cache (for extension modules imported later) and the time zone.
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+SYSTEM_DIRS = ("/usr/share/zoneinfo",)
+# Libraries glibc loads with dlopen rather than through DT_NEEDED (thread cancellation).
+DLOPENED = ("libgcc_s.so.1",)
+
+
+@functools.cache
+def _elf(path: str) -> tuple[int, list[str], list[str], str | None] | None:
+    """``(class, needed, search dirs, interpreter)`` of an ELF file: its ELF class (1: 32-bit,
+    2: 64-bit), its ``DT_NEEDED`` libraries, the directories of its ``DT_RUNPATH`` (else
+    ``DT_RPATH``) with ``$ORIGIN`` expanded, and its ``PT_INTERP``. ``None`` when ``path`` is
+    not a readable ELF file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2):
+                return None
+            bits, order = head[4], "<" if head[5] == 1 else ">"
+            if bits == 2:
+                (phoff,), (phentsize, phnum) = struct.unpack_from(order + "Q", head, 32), \
+                    struct.unpack_from(order + "HH", head, 54)
+                header, fields, dyn = order + "IIQQQQQQ", (0, 2, 3, 5), order + "qQ"
+            else:
+                (phoff,), (phentsize, phnum) = struct.unpack_from(order + "I", head, 28), \
+                    struct.unpack_from(order + "HH", head, 42)
+                header, fields, dyn = order + "IIIIIIII", (0, 1, 2, 4), order + "iI"
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            segments = []  # (type, file offset, virtual address, size in the file)
+            for k in range(phnum):
+                values = struct.unpack_from(header, table, k * phentsize)
+                segments.append(tuple(values[i] for i in fields))
+
+            def read(offset: int, size: int) -> bytes:
+                f.seek(offset)
+                return f.read(min(size, 1 << 24))
+
+            interp = next((read(off, size).rstrip(b"\0").decode() for kind, off, _, size
+                           in segments if kind == 3), None)  # PT_INTERP
+            dynamic = next(((off, size) for kind, off, _, size in segments if kind == 2), None)
+            if dynamic is None:  # static
+                return bits, [], [], interp
+            raw, entries = read(*dynamic), {}
+            for k in range(0, len(raw) - struct.calcsize(dyn) + 1, struct.calcsize(dyn)):
+                tag, value = struct.unpack_from(dyn, raw, k)
+                if tag == 0:  # DT_NULL
+                    break
+                entries.setdefault(tag, []).append(value)
+            strtab = (entries.get(5) or [None])[0]  # DT_STRTAB, a virtual address
+            offset = next((strtab - vaddr + off for kind, off, vaddr, size in segments
+                           if kind == 1 and strtab is not None and vaddr <= strtab < vaddr + size),
+                          None)  # PT_LOAD holding it
+            if offset is None:
+                return bits, [], [], interp
+            strings = read(offset, (entries.get(10) or [1 << 20])[0])  # DT_STRSZ
+
+            def text(index: int) -> str:
+                return strings[index:strings.index(b"\0", index)].decode()
+
+            origin = os.path.dirname(os.path.realpath(path))
+            paths = [text(i) for i in entries.get(29) or entries.get(15) or []]  # RUNPATH, RPATH
+            dirs = [d.replace("${ORIGIN}", origin).replace("$ORIGIN", origin)
+                    for joined in paths for d in joined.split(":") if d]
+            return bits, [text(i) for i in entries.get(1, [])], dirs, interp  # DT_NEEDED
+    except (OSError, struct.error, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _loader_dirs(mapped: list[str]) -> list[str]:
+    """Where the dynamic loader looks for a library, roughly in its order: the directories of
+    the libraries already loaded, those of ``/etc/ld.so.conf`` (and its includes), then the
+    default multiarch and plain library directories."""
+    dirs = [os.path.dirname(p) for p in mapped]
+    pending, seen = ["/etc/ld.so.conf"], set()
+    while pending:
+        conf = pending.pop(0)
+        if conf in seen:
+            continue
+        seen.add(conf)
+        try:
+            with open(conf) as f:
+                lines = [line.split("#")[0].strip() for line in f]
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            if line.startswith("include "):
+                pattern = os.path.join(os.path.dirname(conf), line.split(None, 1)[1])
+                pending += sorted(glob.glob(pattern))
+            elif line.startswith("/"):
+                dirs.append(line)
+    triplet = sysconfig.get_config_var("MULTIARCH") or ""
+    if triplet:
+        dirs += [f"/lib/{triplet}", f"/usr/lib/{triplet}"]
+    dirs += ["/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+    return list(dict.fromkeys(dirs))
+
+
+def _mapped_files() -> list[str]:
+    """The regular files mapped into this process (the interpreter, its libraries and those of
+    every extension module imported so far), from ``/proc/self/maps``."""
+    found = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/"):
+                path = fields[5].rstrip("\n")
+                if os.path.isfile(path):
+                    found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def shared_libraries(stdlib: list[str], interpreter: str) -> list[str]:
+    """The shared objects a check may need: the files mapped now, and the closure over
+    ``DT_NEEDED`` of the interpreter, of those, and of every extension module of the
+    standard library (so that ``import sqlite3`` works later), with the dynamic loader and
+    the libraries glibc opens itself. Names the loader would not find are left out."""
+    mapped = _mapped_files()
+    dirs = _loader_dirs(mapped)
+    first = _elf(interpreter)
+    bits = first[0] if first else 2
+
+    def locate(name: str, runpath: list[str]) -> str | None:
+        if "/" in name:
+            return name if os.path.isfile(name) else None
+        for directory in [*runpath, *dirs]:
+            candidate = os.path.join(directory, name)
+            if os.path.isfile(candidate) and (_elf(candidate) or (0,))[0] == bits:
+                return candidate
+        return None
+
+    pending = [interpreter, *mapped, *filter(None, (locate(name, []) for name in DLOPENED))]
+    for directory in stdlib:
+        pending += sorted(glob.glob(os.path.join(directory, "lib-dynload", "*.so")))
+    found: dict[str, None] = {}
+    while pending:
+        path = pending.pop()
+        if path in found:
+            continue
+        found[path] = None
+        info = _elf(path)
+        if info is None:  # a mapped data file (locale), kept as it is
+            continue
+        _, needed, runpath, interp = info
+        pending += [hit for hit in (locate(name, runpath) for name in needed) if hit]
+        if interp:
+            pending.append(interp)
+    return list(found)
+
+
+def _symlink_chain(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The symbolic links met on the way to ``path`` (each as ``(link, target)``, to recreate
+    in the new root) and the real path at the end."""
+    links: list[tuple[str, str]] = []
+    current, parts, hops = "/", path.strip("/").split("/"), 0
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        step = os.path.normpath(os.path.join(current, name))
+        if os.path.islink(step):
+            hops += 1
+            if hops > 40:
+                raise OSError(f"too many symbolic links on the way to {path}")
+            target = os.readlink(step)
+            links.append((step, target))
+            resolved = os.path.normpath(os.path.join(current, target))
+            current, parts = "/", resolved.strip("/").split("/") + parts
+            continue
+        current = step
+    return links, current
+
+
+class RootPlan:
+    """What the allow-list root holds, decided on the host before anything is mounted:
+    directories and files to bind read-only (real paths), symbolic links to recreate, and
+    paths inside those to mask with an empty tmpfs."""
+
+    def __init__(self, cfg: dict, stdlib: list[str]):
+        interpreter = os.path.realpath(sys.executable)
+        self.links: dict[str, str] = {}
+        self.dirs: list[str] = []
+        self.files: list[str] = []
+        self.notes: list[str] = []
+        extra = list(cfg.get("extra_paths", ()))
+        wanted = [*stdlib, *SYSTEM_DIRS, *extra, interpreter,
+                  *shared_libraries(stdlib, interpreter), *SYSTEM_FILES]
+        for path in wanted:
+            if not os.path.lexists(path):
+                continue
+            links, real = _symlink_chain(os.path.abspath(path))
+            private = next((d for d in PRIVATE_IN_VIEW if _under(real, d)), None)
+            if private is not None:  # the view mounts its own /tmp, /dev and /proc there
+                if path in extra:
+                    self.notes.append(f"extra path {path} is inside {private}, which checks "
+                                      "get private: left out")
+                    continue
+                raise OSError(f"{path} is inside {private}, which the allow-list view "
+                              "replaces")
+            self.links.update(links)
+            if os.path.isdir(real):
+                self.dirs.append(real)
+            elif os.path.isfile(real):
+                self.files.append(real)
+        self.dirs = sorted(set(self.dirs), key=lambda p: (p.count("/"), p))
+        self.dirs = [d for i, d in enumerate(self.dirs)
+                     if not any(_under(d, e) for e in self.dirs[:i])]
+        self.files = [f for f in dict.fromkeys(self.files) if not self._covered(f)]
+        self.links = {link: target for link, target in self.links.items()
+                      if not self._covered(link)}
+        hide = [os.path.realpath(p) for p in cfg["hide_paths"]]
+        hide += [os.path.join(d, name) for d in stdlib for name in ("site-packages", "dist-packages")]
+        self.masks = sorted({p for p in hide if os.path.isdir(p) and p not in self.dirs
+                             and any(_under(p, d) for d in self.dirs)})
+
+    def _covered(self, path: str) -> bool:
+        """Whether ``path`` is inside a directory the root binds whole."""
+        return any(_under(path, d) for d in self.dirs)
+
+    def touches(self, directory: str) -> bool:
+        """Whether ``directory`` is on the way to, or inside, anything the root uses (then it
+        cannot serve as the staging mount point)."""
+        return any(_under(p, directory) or _under(directory, p)
+                   for p in [*self.dirs, *self.files, *self.links, *self.links.values()]
+                   if p.startswith("/"))
+
+
 # ----------------------------------------------------------------------------- isolation
 
 
@@ -160,9 +438,10 @@ class Isolation:
             "rlimits": True, "session": True, "wall_deadline": True, "output_cap": True,
             "minimal_env": True, "process_sweep": True, "non_root_uid": False,
             "no_new_privs": False, "net_namespace": False, "mount_namespace": False,
-            "ipc_namespace": False, "readonly_root": False, "hidden_paths": False,
-            "private_tmp": False,
+            "ipc_namespace": False, "allowlist_root": False, "readonly_root": False,
+            "hidden_paths": False, "private_tmp": False,
         }
+        self.ipc_per_check = False  # children unshare a fresh IPC namespace
         self.private_dirs: list[str] = []  # private tmpfs mounts, wiped after every check
         self.shared_tmp_dirs: list[str] = []  # host tmp dirs to clean of the uid's files
         self._uid_lock: socket.socket | None = None
@@ -212,13 +491,92 @@ class Isolation:
         except OSError as e:
             self.notes.append(f"unshare failed, no namespaces: {e}")
             return
-        self.protections.update(net_namespace=True, ipc_namespace=True)
+        self.protections["net_namespace"] = True
+        self.ipc_per_check = self.protections["ipc_namespace"] = True  # see child_main
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates to the host
         except OSError as e:
             self.notes.append(f"cannot make mounts private: {e}")
             return
         self.protections["mount_namespace"] = True
+        # (a setup frame with "allowlist_root": false goes straight to the fallback: for tests)
+        if self.cfg.get("allowlist_root", True):
+            try:
+                self._enter_allowlist_root()
+                return
+            except OSError as e:
+                self.notes.append(f"no allow-list root ({e}); checks see the host's files, "
+                                  "read-only, with the configured paths hidden")
+        self._enter_denylist_view()
+
+    def _enter_allowlist_root(self) -> None:
+        """Build the allow-list root on a tmpfs and pivot into it. Raises OSError (with
+        nothing changed) when it cannot be built; RuntimeError if the pivot half-happened."""
+        stdlib = self._stdlib_dirs()
+        plan = RootPlan(self.cfg, stdlib)
+        self.notes += plan.notes
+        staging = next((d for d in ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var/tmp")
+                        if os.path.isdir(d) and not os.path.islink(d) and not plan.touches(d)),
+                       None)
+        if staging is None:
+            raise OSError("no directory to build the new root on")
+        _mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=4m")
+        try:
+            self._populate(staging, plan)
+            _mount(None, staging, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            root_device = os.stat(staging).st_dev
+        except OSError:
+            _libc_call("umount2", staging.encode(), ctypes.c_int(MNT_DETACH))
+            raise
+        try:
+            _pivot_root(staging)
+        except OSError:
+            os.chdir("/")
+            _libc_call("umount2", staging.encode(), ctypes.c_int(MNT_DETACH))
+            raise
+        if os.stat("/").st_dev != root_device:
+            raise RuntimeError("pivot_root did not leave the new root at /")
+        self.private_dirs = ["/tmp", "/dev/shm"]
+        self.protections.update(allowlist_root=True, readonly_root=True, hidden_paths=True,
+                                private_tmp=True)
+
+    def _populate(self, root: str, plan: RootPlan) -> None:
+        """Fill the new root (a tmpfs mounted at ``root``): the planned binds, links and masks,
+        ``/proc``, a ``/dev`` with a few device nodes, and private tmpfs mounts on ``/tmp``
+        and ``/dev/shm``."""
+        size = f"size={self.cfg['tmpfs_mb']}m"
+        for directory in plan.dirs:
+            _makedirs(root + directory)
+            _bind_readonly(directory, root + directory)
+        for link, target in sorted(plan.links.items(), key=lambda item: item[0].count("/")):
+            _makedirs(root + os.path.dirname(link))
+            if not os.path.lexists(root + link):
+                os.symlink(target, root + link)
+        for file in plan.files:
+            _makedirs(root + os.path.dirname(file))
+            os.close(os.open(root + file, os.O_CREAT | os.O_WRONLY, 0o644))
+            _bind_readonly(file, root + file)
+        for path in plan.masks:
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")
+        _makedirs(root + "/proc")
+        _bind_readonly("/proc", root + "/proc", recursive=True)
+        _makedirs(root + "/dev")
+        _mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k")
+        for name in DEVICES:
+            if os.path.exists("/dev/" + name):
+                os.close(os.open(f"{root}/dev/{name}", os.O_CREAT | os.O_WRONLY, 0o666))
+                _bind_readonly("/dev/" + name, f"{root}/dev/{name}", device=True)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, f"{root}/dev/{name}")
+        for path in ("/tmp", "/dev/shm"):
+            _makedirs(root + path)
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{size}")
+        _mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+    def _enter_denylist_view(self) -> None:
+        """The fallback view: the host's tree, every mount read-only, the configured paths
+        hidden behind empty tmpfs mounts, private ``/tmp`` and ``/dev/shm``."""
         self.protections["readonly_root"] = self._remount_readonly()
         keep = self._stdlib_dirs()
         hide = self._hide_targets(keep)
@@ -362,6 +720,39 @@ class Isolation:
             _remove(workdir)
 
 
+    def remove_ipc_objects(self) -> None:
+        """Without an IPC namespace per check: remove the System V message queues, semaphore
+        sets and shared memory segments the sandbox uid owns or created, so that the next
+        check cannot read them. (POSIX message queues cannot be listed this way.)"""
+        for kind, id_column, remove in (
+                ("msg", "msqid", lambda i: libc.msgctl(i, IPC_RMID, None)),
+                ("shm", "shmid", lambda i: libc.shmctl(i, IPC_RMID, None)),
+                ("sem", "semid", lambda i: libc.semctl(i, 0, IPC_RMID))):
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    header, *rows = [line.split() for line in f]
+            except (OSError, ValueError):
+                continue
+            columns = {name: k for k, name in enumerate(header)}
+            for row in rows:
+                try:
+                    owners = {int(row[columns["uid"]]), int(row[columns["cuid"]])}
+                    if self.uid in owners:
+                        remove(int(row[columns[id_column]]))
+                except (KeyError, IndexError, ValueError):
+                    continue
+
+
+def _makedirs(path: str) -> None:
+    """``os.makedirs`` with every new directory mode 755 whatever the umask, so that the
+    sandbox uid can walk through it."""
+    if os.path.isdir(path):
+        return
+    _makedirs(os.path.dirname(path))
+    os.mkdir(path)
+    os.chmod(path, 0o755)
+
+
 def _under(path: str, ancestor: str) -> bool:
     return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
 
@@ -418,8 +809,10 @@ def reap_all(grace_s: float) -> None:
 
 
 def child_main(job: dict, cfg: dict, uid: int | None, workdir: str, devnull: int, err_w: int,
-               res_w: int) -> None:
+               res_w: int, new_ipc: bool = False) -> None:
     """Runs in the forked child: confine the process, then run the candidate and its tests.
+    With ``new_ipc`` it first enters a fresh IPC namespace of its own (what it creates there
+    dies with the check).
 
     Never returns: the process ends with ``os._exit`` so neither the worker's nor the
     candidate's ``atexit`` handlers run.
@@ -433,6 +826,8 @@ def child_main(job: dict, cfg: dict, uid: int | None, workdir: str, devnull: int
         os.dup2(res_w, RESULT_FD)
         os.closerange(RESULT_FD + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
         os.chdir(workdir)
+        if new_ipc:
+            _libc_call("unshare", CLONE_NEWIPC)
         limits = cfg["limits"]
         mib = 1 << 20
         for which, soft, hard in (
@@ -574,7 +969,8 @@ class Worker:
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            child_main(job, self.cfg, self.iso.uid, workdir, self.devnull, err_w, res_w)
+            child_main(job, self.cfg, self.iso.uid, workdir, self.devnull, err_w, res_w,
+                       self.iso.ipc_per_check)
         os.close(res_w)
         os.close(err_w)
         try:
@@ -591,6 +987,8 @@ class Worker:
                 self.iso.sweep()
                 reap_all(REAP_GRACE_S)
             self.iso.wipe(workdir)
+            if not self.iso.ipc_per_check and self.iso.uid is not None:
+                self.iso.remove_ipc_objects()
         header["swept"] = swept
         return header, result
 

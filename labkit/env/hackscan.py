@@ -40,6 +40,7 @@ FLAGS: dict[str, str] = {
     "sys_exit": "sys.exit / exit / quit",
     "syntax_error": "the code does not parse",
     "threads": "starts threads (threading, _thread, concurrent.futures)",
+    "too_large": "the code is larger than the size cap and was not parsed",
     "trace_hook": "installs trace, profile or audit hooks (sys.settrace, ...)",
 }
 
@@ -101,10 +102,22 @@ _BUILTIN_TYPES = {"int", "float", "complex", "bool", "str", "bytes", "list", "tu
 _BUILTINS_NAMES = {"builtins", "__builtins__"}
 
 
-@lru_cache(maxsize=4096)
-def scan(code: str) -> tuple[str, ...]:
+MAX_SCAN_BYTES = 256 << 10
+"""The default size cap of :func:`scan`, in UTF-8 bytes: parsing takes about 360 bytes of
+memory per byte of source, so 50 MB of code would take some 18 GB (and raise MemoryError)."""
+
+
+def scan(code: str, max_bytes: int = MAX_SCAN_BYTES) -> tuple[str, ...]:
     """The sorted hack flags of ``code`` (see :data:`FLAGS`); ``("syntax_error",)`` when it
-    does not parse."""
+    does not parse, ``("too_large",)`` when it is over ``max_bytes`` UTF-8 bytes (it is then
+    not parsed, so memory stays bounded)."""
+    if len(code) > max_bytes or len(code.encode("utf-8", "surrogatepass")) > max_bytes:
+        return ("too_large",)
+    return _scan(code)
+
+
+@lru_cache(maxsize=4096)
+def _scan(code: str) -> tuple[str, ...]:
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

