@@ -61,8 +61,19 @@ class TaskConfig:
     train_problems: int = 2000
     """Problems generated for the train split (synthetic) / cap for other sources (0 = all)."""
     bugs_per_problem: int = 1
+    """Buggy variants per training problem."""
+    n_bugs: int = 1
+    """Bugs planted in each task (train and eval)."""
+    multi_hunk: bool = False
+    """With ``n_bugs >= 2``: only tasks whose bugs are separate, separately tested hunks
+    (``labkit.env.tasks.multi_hunk_catches``), the setting diff-level credit is made for."""
     eval_split: str = "val"
+    """Held-out split: ``val`` or ``test`` (templates training never sees) or ``in_template``."""
     eval_tasks: int = 64
+    """Held-out tasks evaluated every ``eval_every`` steps (0 = none)."""
+    seed: int | None = None
+    """Seed of the task generator and bug injection; ``None``: the run's seed. Fix it to
+    compare runs of several training seeds on the same tasks (paired)."""
     path: str | None = None
     """HumanEvalPack-format JSONL for source ``humanevalpack``."""
 
@@ -226,14 +237,18 @@ class Trainer:
         if t.source == "records":
             return _records_tasks(t.path, "train" if which == "train" else t.eval_split,
                                   t.eval_tasks if which != "train" else 0)
+        seed = self.cfg.seed if t.seed is None else t.seed
+        kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
         if which == "train":
             n = t.train_problems or None
-            return load_tasks(t.source, split="train", n=n, seed=self.cfg.seed, path=t.path,
-                              bugs_per_problem=t.bugs_per_problem)
+            return load_tasks(t.source, split="train", n=n, seed=seed, path=t.path,
+                              bugs_per_problem=t.bugs_per_problem, **kinds)
         if not t.eval_tasks:
             return []
-        tasks = load_tasks(t.source, split=t.eval_split, n=t.eval_tasks, seed=self.cfg.seed,
-                           path=t.path, bugs_per_problem=1)
+        # multi-hunk problems yield a task less than half the time: ask for enough problems
+        n = t.eval_tasks * (4 if t.multi_hunk else 1)
+        tasks = load_tasks(t.source, split=t.eval_split, n=n, seed=seed, path=t.path,
+                           bugs_per_problem=1, **kinds)
         return tasks[: t.eval_tasks]
 
     def _lr_factor(self, step: int) -> float:
