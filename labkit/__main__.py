@@ -104,25 +104,47 @@ def cmd_tasks_show(args) -> int:
 # ----------------------------------------------------------------------------- sandbox
 
 
+def _read_code(path_text: str, max_bytes: int) -> str:
+    """The candidate file's text, or a CLIError naming the problem: missing, larger than the
+    sandbox's ``max_code_bytes`` (only that much is ever read), binary, or not UTF-8."""
+    code_path = Path(path_text)
+    if not code_path.is_file():
+        raise CLIError(f"--code {path_text!r}: no such file")
+    with code_path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise CLIError(f"--code {path_text!r}: larger than {max_bytes} bytes, the sandbox's "
+                       "limit (SandboxConfig.max_code_bytes); pass a smaller Python file")
+    if b"\0" in data:
+        raise CLIError(f"--code {path_text!r}: a binary file (it holds NUL bytes), not Python "
+                       "source; pass a .py text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CLIError(f"--code {path_text!r}: not UTF-8 text (byte {e.start}); pass a Python "
+                       "source file saved as UTF-8") from None
+
+
 def cmd_sandbox_run(args) -> int:
     from labkit.env.records import Candidate
-    from labkit.env.sandbox import Sandbox
+    from labkit.env.sandbox import Sandbox, SandboxConfig
 
+    config = SandboxConfig()
+    code = _read_code(args.code, config.max_code_bytes)
     code_path = Path(args.code)
-    if not code_path.is_file():
-        raise CLIError(f"--code {args.code!r}: no such file")
-    code = code_path.read_text()
     tasks = {t.task_id: t for t in _load(args)}
     task = tasks.get(args.task)
     if task is None:
         known = ", ".join(list(tasks)[:3])
         raise CLIError(f"unknown task {args.task!r} in source {args.source}; task ids look like: {known}")
-    try:
+    try:  # bounded: at most max_code_bytes of source
         compile(code, str(code_path), "exec")
     except SyntaxError as e:
         # Still run it: a syntax error is a graded outcome (status 'error'), but say so.
         print(f"warning: {code_path}: invalid code (line {e.lineno}: {e.msg})", file=sys.stderr)
-    with Sandbox() as sb:
+    except (ValueError, RecursionError, MemoryError) as e:
+        print(f"warning: {code_path}: invalid code ({type(e).__name__}: {e})", file=sys.stderr)
+    with Sandbox(config) as sb:
         result = sb.run(Candidate(code=code, tests=task.tests, entry_point=task.entry_point,
                                   id=task.task_id))
         out = result.to_dict()
