@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,11 +69,13 @@ class PolicyConfig:
 
 
 def resolve_spec(spec: str) -> Path:
+    """The model folder of a spec, checked: it exists and holds a readable ``config.json``."""
     if spec == "tiny":
         if not (TINY_DIR / "config.json").is_file():
             raise PolicyLoadError(
                 f"the embedded tiny model is missing from {TINY_DIR}; "
                 "train it with `python -m labkit pretrain-tiny` (about 20 minutes on 2 cores)")
+        check_config_json(TINY_DIR)
         return TINY_DIR
     path = Path(spec).expanduser()
     if not path.is_dir():
@@ -81,7 +84,29 @@ def resolve_spec(spec: str) -> Path:
     if not (path / "config.json").is_file():
         raise PolicyLoadError(f"policy folder {str(path)!r} has no config.json; it is not a "
                               "Hugging Face model folder (save one with model.save_pretrained)")
+    check_config_json(path)
     return path
+
+
+def check_config_json(folder: Path) -> None:
+    """Raise :class:`PolicyLoadError` naming ``config.json`` when it is not a JSON object:
+    transformers reads it first, for the tokenizer too, and would blame the tokenizer."""
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise PolicyLoadError(f"{str(path)!r}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise PolicyLoadError(f"{str(path)!r} is corrupt: not UTF-8 text; restore it or "
+                              "save the model again (model.save_pretrained)") from None
+    except json.JSONDecodeError as e:
+        raise PolicyLoadError(f"{str(path)!r} is corrupt: not valid JSON ({e.msg} at line "
+                              f"{e.lineno}, column {e.colno}); restore it or save the model "
+                              "again (model.save_pretrained)") from None
+    if not isinstance(config, dict):
+        raise PolicyLoadError(f"{str(path)!r} is corrupt: it holds a JSON "
+                              f"{type(config).__name__}, not an object; restore it or save the "
+                              "model again (model.save_pretrained)")
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
