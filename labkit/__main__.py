@@ -178,6 +178,7 @@ def cmd_pretrain_tiny(args) -> int:
 
 def cmd_eval(args) -> int:
     from labkit.env.sandbox import Sandbox
+    from labkit.env.tasks import load_tasks
     from labkit.policy.evaluate import EvalConfig, evaluate
     from labkit.policy.loading import PolicyLoadError, load_policy
 
@@ -185,21 +186,44 @@ def cmd_eval(args) -> int:
         policy = load_policy(args.policy, reference="none")
     except PolicyLoadError as e:
         raise CLIError(str(e)) from None
+    if args.source == "synthetic" and not args.n:
+        args.n = 200
     tasks = _load(args)
     if not tasks:
         raise CLIError(f"no {args.source} tasks in split {args.split!r}")
+    # out-of-distribution rows beside the main one: bug-injected HumanEval (test split) and,
+    # when a file is given, HumanEvalFix's human-written bugs
+    ood: dict[str, list] = {}
+    if args.ood and args.source == "synthetic":
+        ood["humaneval_injected"] = load_tasks("humaneval", split="test", seed=args.seed)
+    if args.humanevalfix:
+        if not Path(args.humanevalfix).is_file():
+            raise CLIError(f"--humanevalfix {args.humanevalfix!r}: no such file")
+        ood["humanevalfix"] = load_tasks("humanevalpack", path=args.humanevalfix)
+    if args.temperature is None:
+        from labkit.policy.rollout import SamplingConfig
+
+        args.temperature = SamplingConfig().temperature
     cfg = EvalConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     with Sandbox() as sb:
         rep = evaluate(policy, tasks, cfg, sandbox=sb, progress=True)
+        ood_reps = {name: evaluate(policy, ts, cfg, sandbox=sb, progress=True)
+                    for name, ts in ood.items() if ts}
     import pandas as pd
 
     table = pd.DataFrame(rep["per_task"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "eval_per_task.csv", index=False)
-    print(f"{rep['tasks']} tasks, {cfg.k} samples each at T={cfg.temperature}")
+    print(f"{rep['tasks']} {args.source} {args.split} tasks, {cfg.k} samples each at "
+          f"T={cfg.temperature}")
     print(pd.Series(rep["by_bug_kinds"], name="pass@1 by bug kind").to_string())
+    rows = {f"{args.source}/{args.split}": rep, **ood_reps}
+    keys = ("tasks", "pass_at_1", f"pass_at_{cfg.k}", "token_entropy", "zero_var_groups_frac")
+    print(pd.DataFrame({name: {k: r.get(k) for k in keys} for name, r in rows.items()}).T
+          .to_string(float_format=lambda x: f"{x:.3f}"))
     summary = {k: v for k, v in rep.items() if k != "per_task"}
+    summary["out_of_distribution"] = {name: {k: r.get(k) for k in keys} for name, r in ood_reps.items()}
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"per-task table: {out / 'eval_per_task.csv'}")
     _emit(summary)
@@ -371,7 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--policy", default="tiny", help="'tiny' or a local HF model folder")
     task_args(ev, split_default="test")
     ev.add_argument("--k", type=int, default=8)
-    ev.add_argument("--temperature", type=float, default=0.7)
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="default: the trainer's sampling temperature (SamplingConfig)")
+    ev.add_argument("--no-ood", dest="ood", action="store_false",
+                    help="skip the out-of-distribution row (bug-injected HumanEval)")
+    ev.add_argument("--humanevalfix", metavar="FILE",
+                    help="also evaluate on a HumanEvalPack-format file (HumanEvalFix)")
     ev.add_argument("--max-new-tokens", type=int, default=320)
     ev.add_argument("--out", default="runs/eval")
     ev.set_defaults(func=cmd_eval)

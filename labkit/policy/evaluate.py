@@ -6,6 +6,11 @@ one greedy completion), runs every extracted program in the sandbox, and reports
 * ``pass_at_1``: the unbiased pass@1 of the sampled completions (the mean pass rate),
 * ``pass_at_k`` for k in {1, 2, 4, 8, ...} up to ``k`` (Chen et al. 2021 estimator),
 * ``greedy_pass_at_1``, the copy rate (the completion is the buggy code unchanged),
+* ``token_entropy``: the mean per-token entropy of the sampling distribution in nats,
+  estimated without a second forward as the mean of ``-log pi(y_t)`` over the sampled tokens
+  (an unbiased estimate: ``E_y[-log pi(y)] = H(pi)``, at the sampling temperature),
+* ``zero_var_groups_frac``: the share of tasks whose ``k`` samples all pass the same fraction
+  of the tests (a GRPO group of them would have no signal at all),
 * per-bug-kind and per-family pass@1, and a per-task table (pandas-ready records).
 """
 
@@ -64,12 +69,15 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
         rs = results[i * cfg.k:(i + 1) * cfg.k]
         ro = rollouts[i * cfg.k:(i + 1) * cfg.k]
         c = sum(r.ok for r in rs)
+        fractions = [r.fraction for r in rs]
         per_task.append({
             "task_id": t.task_id, "bug_kinds": ",".join(t.bug_kinds),
             "family": t.meta.get("family", t.source), "n": cfg.k, "correct": c,
             "pass_at_1": c / cfg.k, "copies": sum(is_noop(t.buggy_code, r.code) for r in ro),
             "mean_tests": sum(r.fraction for r in rs) / cfg.k,
             "greedy_ok": greedy_ok.get(t.task_id),
+            "all_equal": len(set(fractions)) == 1,
+            "nll_sum": -sum(sum(r.logprobs) for r in ro), "tokens": sum(r.n_tokens for r in ro),
         })
     n = len(per_task)
     ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= cfg.k]
@@ -79,6 +87,8 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
         **{f"pass_at_{k}": sum(pass_at_k(cfg.k, p["correct"], k) for p in per_task) / n for k in ks},
         "copy_rate": sum(p["copies"] for p in per_task) / (n * cfg.k),
         "mean_tests_passed": sum(p["mean_tests"] for p in per_task) / n,
+        "token_entropy": sum(p["nll_sum"] for p in per_task) / max(1, sum(p["tokens"] for p in per_task)),
+        "zero_var_groups_frac": sum(p["all_equal"] for p in per_task) / n,
     }
     if cfg.greedy:
         report["greedy_pass_at_1"] = sum(bool(v) for v in greedy_ok.values()) / n

@@ -6,9 +6,10 @@
 2. A byte-level BPE tokenizer trained on those texts.
 3. A small Llama-style causal LM initialised from a config, then SFT on the pairs
    (loss on the completion only) for a wall-clock budget.
-4. Save as a Hugging Face folder; evaluate on the held-out synthetic test split and on
-   bug-injected HumanEval test problems; write ``manifest.json`` with the command, seed,
-   data sizes, timings and measured quality.
+4. Save as a Hugging Face folder; evaluate at the RL sampling temperature on the held-out
+   synthetic test split (templates SFT never saw), the in-template split, two-bug multi-hunk
+   test tasks and bug-injected HumanEval test problems; write ``manifest.json`` with the
+   command, seed, data sizes, the SFT data's templates, timings and measured quality.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class PretrainConfig:
     seed: int = 0
     synthetic_problems: int = 3000
     """Synthetic train problems; each gives ``bugs_per_problem`` validated buggy variants."""
+    template_share: float = 1.0
+    """Share of the training templates the SFT data may use (by a hash of the template id;
+    1 = all). Below 1, RL on the train split meets templates SFT never showed."""
+    multi_hunk_problems: int = 0
+    """Synthetic train problems offered as two-bug multi-hunk tasks (about 40% give one)."""
     bugs_per_problem: int = 3
     humaneval_bugs_per_problem: int = 1
     data_procs: int = 2
@@ -48,20 +54,34 @@ class PretrainConfig:
     eval_humaneval_tasks: int = 0
     """0 = every bug-injected HumanEval test-split task."""
     eval_k: int = 8
+    eval_temperature: float = 1.0
+    """The RL sampling temperature: the starting policy is measured where RL will sample it."""
 
 
 def _pairs(tasks) -> list[tuple[str, str]]:
     return [training_text(t, t.reference_code) for t in tasks]
 
 
-def _synthetic_chunk(args: tuple[int, int, int]) -> list:
+def _synthetic_chunk(args: tuple[int, int, int, int]) -> list:
     from labkit.env.tasks import load_tasks
 
-    n, seed, bugs = args
-    return load_tasks("synthetic", split="train", n=n, seed=seed, bugs_per_problem=bugs)
+    n, seed, bugs, n_bugs = args
+    return load_tasks("synthetic", split="train", n=n, seed=seed, bugs_per_problem=bugs,
+                      n_bugs=n_bugs, multi_hunk=n_bugs > 1)
 
 
-def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int = 2) -> list:
+def in_template_share(template: str, share: float) -> bool:
+    """Whether ``template`` is among the ``share`` of training templates SFT may use."""
+    if share >= 1.0:
+        return True
+    import hashlib
+
+    u = int.from_bytes(hashlib.sha256(f"labkit-sft-template:{template}".encode()).digest()[:8], "big")
+    return u / 2**64 < share
+
+
+def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int = 2,
+                          n_bugs: int = 1) -> list:
     """``n`` synthetic train problems' validated bug variants, built by ``procs`` processes
     (each its own generator stream and sandbox pool); duplicates across streams dropped.
     Problems of every stream are split by problem id, so nothing leaks into val/test."""
@@ -70,7 +90,8 @@ def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int =
     from labkit.seeding import derive_seed
 
     sizes = [n // procs + (i < n % procs) for i in range(procs)]
-    jobs = [(k, derive_seed(seed, "pretrain-stream", i), bugs_per_problem) for i, k in enumerate(sizes)]
+    jobs = [(k, derive_seed(seed, "pretrain-stream", i, *(("bugs", n_bugs) if n_bugs > 1 else ())),
+             bugs_per_problem, n_bugs) for i, k in enumerate(sizes)]
     if procs == 1:
         chunks = [_synthetic_chunk(jobs[0])]
     else:
@@ -105,11 +126,16 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     t0 = time.time()
     syn = synthetic_train_tasks(cfg.synthetic_problems, cfg.seed, cfg.bugs_per_problem,
                                 procs=cfg.data_procs)
+    multi = synthetic_train_tasks(cfg.multi_hunk_problems, cfg.seed, 1, procs=cfg.data_procs,
+                                  n_bugs=2) if cfg.multi_hunk_problems else []
+    syn = [t for t in syn + multi if in_template_share(t.meta["template"], cfg.template_share)]
     he = load_tasks("humaneval", split="train", seed=cfg.seed,
                     bugs_per_problem=cfg.humaneval_bugs_per_problem)
     pairs = _pairs(syn) + _pairs(he)
+    sft_templates = sorted({t.meta["template"] for t in syn})
     timings["data_s"] = round(time.time() - t0, 1)
-    print(f"data: {len(syn)} synthetic + {len(he)} HumanEval train pairs "
+    print(f"data: {len(syn)} synthetic ({sum(t.difficulty > 1 for t in syn)} multi-hunk, "
+          f"{len(sft_templates)} templates) + {len(he)} HumanEval train pairs "
           f"({timings['data_s']} s)", flush=True)
 
     # -- tokenizer and model ------------------------------------------------------------
@@ -128,15 +154,20 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     # -- evaluation ---------------------------------------------------------------------
     t0 = time.time()
     policy = load_policy(str(out), reference="none")
-    ecfg = EvalConfig(k=cfg.eval_k)
-    test_syn = load_tasks("synthetic", split="test", n=cfg.eval_synthetic_tasks, seed=cfg.seed,
-                          bugs_per_problem=1)
-    test_he = load_tasks("humaneval", split="test", seed=cfg.seed, bugs_per_problem=1)
+    ecfg = EvalConfig(k=cfg.eval_k, temperature=cfg.eval_temperature)
+    n = cfg.eval_synthetic_tasks
+    sets = {
+        "synthetic_test": load_tasks("synthetic", split="test", n=n, seed=0),
+        "synthetic_in_template": load_tasks("synthetic", split="in_template", n=n // 2, seed=0),
+        "synthetic_multi_hunk_test": load_tasks("synthetic", split="test", n=n, seed=0, n_bugs=2,
+                                                multi_hunk=True)[: n // 2],
+        "humaneval_test": load_tasks("humaneval", split="test", seed=0),
+    }
     if cfg.eval_humaneval_tasks:
-        test_he = test_he[: cfg.eval_humaneval_tasks]
+        sets["humaneval_test"] = sets["humaneval_test"][: cfg.eval_humaneval_tasks]
     with Sandbox() as sb:
-        q_syn = evaluate(policy, test_syn, ecfg, sandbox=sb, progress=True)
-        q_he = evaluate(policy, test_he, ecfg, sandbox=sb, progress=True)
+        quality = {name: evaluate(policy, tasks, ecfg, sandbox=sb, progress=True)
+                   for name, tasks in sets.items()}
     timings["eval_s"] = round(time.time() - t0, 1)
 
     def summary(q: dict) -> dict:
@@ -146,14 +177,16 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
         "command": "python -m labkit pretrain-tiny " + " ".join(shlex.quote(a) for a in (argv or [])),
         "seed": cfg.seed,
         "config": to_record(cfg),
+        "sft_templates": sft_templates,
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
+                 "multi_hunk_pairs": sum(t.difficulty > 1 for t in syn),
                  "sft_examples": sft["examples"], "dropped_too_long": sft["dropped_too_long"]},
         "model": {"parameters": n_params, "vocab": len(tok), "architecture": "LlamaForCausalLM"},
         "training": {k: v for k, v in sft.items() if k != "history"},
         "loss_curve": sft["history"],
         "timings_s": timings,
         "total_s": round(time.time() - t_start, 1),
-        "quality": {"synthetic_test": summary(q_syn), "humaneval_test": summary(q_he)},
+        "quality": {name: summary(q) for name, q in quality.items()},
         "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "platform": platform.platform()},
     }

@@ -37,9 +37,13 @@ class SamplingConfig:
 
     group_size: int = 8
     """G: completions per task (the GRPO group)."""
-    temperature: float = 0.7
+    temperature: float = 1.0
+    """Sampling temperature: 1 samples the policy itself (what the importance ratio and the
+    KL assume); the starting policy's figures are measured at it (``labkit eval``)."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability."""
     max_new_tokens: int = 256
+    """Longest completion; also Dr. GRPO's constant normaliser unless ``loss.horizon``."""
     batch_size: int = 64
     """Sequences decoded together (tasks x G are chunked to fit)."""
     stop_strings: tuple[str, ...] = ()
