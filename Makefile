@@ -1,12 +1,13 @@
 # The README's two commands: `make lab` (the lab's main job) and `make test` (the suite).
-# Both create .venv when it is missing and install everything first.
+# Both create .venv when it is missing and install everything first; `make test` also
+# installs Debian's Chromium for the browser tests when it is missing (.ci/ensure-chromium).
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test install jupyter bench clean-venv
+.PHONY: lab test chromium install jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +27,12 @@ install: $(STAMP)
 lab: $(STAMP)
 	$(PY) -m labkit lab $(LAB_ARGS)
 
-test: $(STAMP)
+# Chromium first: a missing browser that cannot be installed stops before the long venv build.
+test: chromium $(STAMP)
 	$(PY) -m pytest -q
+
+chromium:
+	.ci/ensure-chromium
 
 jupyter: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
