@@ -1,4 +1,4 @@
-"""Adversarial candidates: every case of ``/work/shared/notes/sandbox.md``, one test each.
+"""Adversarial candidates: every attack of the threat model in ``docs/sandbox.md``, one test each.
 
 Each attack is checked for three things: it is not rewarded (status is not PASSED and the
 parent-graded tests it passes are not more than an honest wrong answer would pass), no
