@@ -129,3 +129,63 @@ def test_unparsable_code_is_not_a_reward_hack():
     rates = M.compile_metrics(["syntax_error" in f.result.flags for f in (broken, hacked)],
                               [f.components["r_compile"] for f in (broken, hacked)])
     assert rates["compile/syntax_error"] == 0.5
+
+
+# ----------------------------------------------------------------------------- regimes
+
+
+def _outcomes(*oks):
+    from labkit.env.records import TestOutcome
+
+    outs = tuple(TestOutcome(f"case_{i}", ok) for i, ok in enumerate(oks))
+    return SandboxResult(status=Status.PASSED if all(oks) else Status.FAILED,
+                         passed=sum(oks), total=len(oks), outcomes=outs)
+
+
+def test_feedback_regimes_golden():
+    import random
+
+    r = _outcomes(True, True, False, True, True, True, False, True)  # 6 of 8
+    assert fb.r_feedback(r, "dense") == 0.75
+    assert fb.r_feedback(r, "binary") == 0.0 and fb.r_feedback(_outcomes(True, True), "binary") == 1.0
+    assert fb.r_feedback(r, "coarse", levels=4) == pytest.approx(2 / 3)  # floor(0.75 * 3) / 3
+    assert fb.r_feedback(r, "coarse", levels=2) == 0.0  # two levels: only a full pass reads 1
+    assert fb.r_feedback(r, "public", public=["case_0", "case_2"]) == 0.5
+    assert fb.r_feedback(r, "public", public=_outcomes(True, False, False)) == pytest.approx(1 / 3)
+    # noisy = a naive second implementation of the flips, same random stream
+    rng_a, rng_b = random.Random(5), random.Random(5)
+    flips = [rng_b.random() < 0.3 for _ in range(8)]
+    naive = sum(ok != f for ok, f in zip([True, True, False, True, True, True, False, True], flips)) / 8
+    assert fb.r_feedback(r, "noisy", noise_p=0.3, rng=rng_a) == naive
+    assert fb.r_feedback(r, "noisy", noise_p=0.0, rng=random.Random(1)) == 0.75
+    broken = SandboxResult(status=Status.ERROR, passed=0, total=8)
+    assert all(fb.r_feedback(broken, m, public=["case_0"], rng=random.Random(0)) == 0.0
+               for m in ("dense", "binary", "public", "coarse")) and 0 <= fb.r_feedback(
+        broken, "noisy", rng=random.Random(0)) <= 1
+    with pytest.raises(ValueError, match="unknown feedback mode 'loud'"):
+        fb.r_feedback(r, "loud")
+    with pytest.raises(ValueError, match="noise_p must be in"):
+        fb.FeedbackConfig(noise_p=0.7).validate()
+
+
+def test_public_regime_pays_for_fitting_the_visible_examples_only():
+    """The realistic incomplete-tests case: a program that hard-codes the two visible examples
+    is paid in full under `public` and nearly nothing under `dense`."""
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.env.sandbox import Sandbox
+
+    cases = tuple(IOCase(args=([i, 1],), expected=i + 1, name=f"case_{i}") for i in range(6))
+    task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
+                      buggy_code=BUGGY, reference_code=FIXED, tests=TestSuite(cases=cases),
+                      entry_point="f", public_tests=TestSuite(cases=cases[:2]))
+    fit = "def f(xs):\n    return {0: 1, 1: 2}.get(xs[0], 0)\n"
+    with Sandbox() as sb:
+        (a,) = fb.evaluate_many([task], [fit], sandbox=sb, config=fb.FeedbackConfig(mode="public"))
+        (b,) = fb.evaluate_many([task], [fit], sandbox=sb)
+        noisy = [fb.evaluate_many([task], [FIXED], sandbox=sb, seed=s,
+                                  config=fb.FeedbackConfig(mode="noisy", noise_p=0.5))[0]
+                 for s in (1, 1, 2)]
+    assert a.components["r_feedback"] == 1.0 and a.components["r_test"] == pytest.approx(2 / 6)
+    assert b.components["r_feedback"] == b.components["r_test"]  # dense: the two agree
+    assert noisy[0].components["r_feedback"] == noisy[1].components["r_feedback"]  # seeded
+    assert all(n.components["r_test"] == 1.0 for n in noisy)  # the truth is kept beside it

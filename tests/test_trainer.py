@@ -202,3 +202,16 @@ def test_curriculum_batches_hold_each_task_once(toy_model_dir, tmp_path):
     for ids in batches:
         assert sorted(set(ids)) == sorted(t.task_id for t in toy_tasks())
         assert all(ids.count(i) == cfg.sampling.group_size for i in set(ids))
+
+
+def test_the_feedback_regime_is_what_the_reward_pays(toy_model_dir, tmp_path):
+    """Under `binary` the raw recipe pays 1 only for a full pass: the step's mean reward is its
+    pass@1, while the hidden fraction of tests stays logged beside it."""
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1)
+    cfg.feedback.mode = "binary"
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    row = tr.train_step()
+    tr.close()
+    assert row["reward/mean"] == pytest.approx(row["train/pass_at_1"])
+    assert row["reward/r_feedback"] == pytest.approx(row["train/pass_at_1"])
+    assert "reward/r_test" in row

@@ -62,8 +62,10 @@ class ReshapeConfig:
     w_progress: float = 0.05
     w_hack: float = 1.0
     """Penalty weight for a flagged reward hack."""
-    test_reward: Literal["fraction", "binary"] = "fraction"
-    """``fraction``: ``r_test = passed/total``; ``binary``: ``r_pass``."""
+    test_reward: Literal["feedback", "fraction", "binary"] = "feedback"
+    """The test term ``r_t``: ``feedback``: ``r_feedback``, what the run's feedback regime
+    tells the learner (``r_test`` under the default ``dense`` regime); ``fraction``: the hidden
+    ``r_test``; ``binary``: the hidden ``r_pass``."""
     gate_precision: Literal["none", "edit", "improved"] = "improved"
     """``none``: pay precision always (the trap); ``edit``: only for a real edit;
     ``improved``: only for an edit that passes more tests than the buggy code."""
@@ -127,8 +129,18 @@ def recipe(name: str) -> ReshapeConfig:
 # ----------------------------------------------------------------------------- stage 1
 
 
+def test_term(components: Mapping[str, float], cfg: "ReshapeConfig") -> float:
+    """``r_t``, the test signal the composite reward pays (``cfg.test_reward``); records
+    without ``r_feedback`` (older runs, custom rewards) read ``r_test``."""
+    if cfg.test_reward == "binary":
+        return components["r_pass"]
+    if cfg.test_reward == "feedback":
+        return components.get("r_feedback", components["r_test"])
+    return components["r_test"]
+
+
 def precision_gate(components: Mapping[str, float], buggy_r_test: float | None,
-                   mode: str) -> float:
+                   mode: str, r_t: float | None = None) -> float:
     """``g`` in {0, 1}: whether ``r_precision`` is paid (see :class:`ReshapeConfig`)."""
     if mode == "none":
         return 1.0
@@ -138,7 +150,8 @@ def precision_gate(components: Mapping[str, float], buggy_r_test: float | None,
         return 1.0
     if mode == "improved":
         base = buggy_r_test if buggy_r_test is not None else 0.0
-        return 1.0 if components["r_test"] > base + 1e-12 else 0.0
+        value = components["r_test"] if r_t is None else r_t
+        return 1.0 if value > base + 1e-12 else 0.0
     raise ValueError(f"unknown gate_precision {mode!r}")
 
 
@@ -146,11 +159,12 @@ def composite_reward(components: Mapping[str, float], cfg: ReshapeConfig, step: 
                      buggy_r_test: float | None = None) -> tuple[float, dict[str, float]]:
     """``R = w_test r_t + w_p g r_p + w_s(step) r_s + w_g r_g - w_h hack`` and its terms.
 
-    ``r_t`` is ``r_test`` or ``r_pass`` (``cfg.test_reward``); ``g`` the precision gate.
+    ``r_t`` is the test signal (:func:`test_term`); ``g`` the precision gate, which compares
+    ``r_t`` with the same signal of the unchanged buggy code (``buggy_r_test``).
     """
-    r_t = components["r_test"] if cfg.test_reward == "fraction" else components["r_pass"]
+    r_t = test_term(components, cfg)
     w_style = cfg.style_schedule.at(step) if cfg.style_schedule else cfg.w_style
-    g = precision_gate(components, buggy_r_test, cfg.gate_precision)
+    g = precision_gate(components, buggy_r_test, cfg.gate_precision, r_t)
     terms = {
         "test": cfg.w_test * r_t,
         "precision": cfg.w_precision * g * components.get("r_precision", 0.0),

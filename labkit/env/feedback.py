@@ -6,6 +6,10 @@ components; ``docs/feedback.md`` and ``docs/training.md``):
 =================  ==========================================================================
 ``r_test``         fraction of the hidden tests passed, ``passed / total``
 ``r_pass``         ``1`` if every test passed, else ``0``
+``r_feedback``     what the learner is told under the run's feedback regime
+                   (``FeedbackConfig.mode``: ``dense`` = ``r_test``, ``binary`` = ``r_pass``,
+                   ``public``, ``noisy``, ``coarse``; :func:`r_feedback`); the reshaped
+                   reward's test term reads it, evaluation keeps to the hidden tests
 ``r_compile``      ``1`` if the candidate parses and its module loads (sandbox status is not
                    ``error``), else ``0``
 ``r_precision``    ``exp(-lambda * d)``, ``d`` a normalised distance between the buggy and the
@@ -35,13 +39,14 @@ import functools
 import io
 import json
 import math
+import random
 import subprocess
 import tempfile
 import tokenize
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Collection, Iterable, Literal, Mapping, Sequence
 
 from labkit.env.records import Candidate, RepairTask, SandboxResult, Status
 
@@ -79,6 +84,17 @@ class FeedbackConfig:
     """A bug kind counts as 'kept failing' after this many failed attempts in a row."""
     progress_bonus: float = 1.0
     """Size of the one-off ``r_progress`` bonus."""
+    mode: Literal["dense", "binary", "public", "noisy", "coarse"] = "dense"
+    """The feedback regime: what the learner is told, ``r_feedback`` (:func:`r_feedback`).
+    ``dense``: the fraction of hidden tests passed; ``binary``: 1 only when every hidden test
+    passes; ``public``: the fraction of the *visible* examples passed (incomplete tests:
+    fitting the examples is the hack to watch); ``noisy``: the fraction after flipping each
+    test outcome with probability ``noise_p``; ``coarse``: the fraction rounded down to one
+    of ``coarse_levels`` levels. Evaluation always uses the hidden tests."""
+    noise_p: float = 0.1
+    """``noisy``: probability that a test outcome is flipped."""
+    coarse_levels: int = 4
+    """``coarse``: levels of the quantised fraction (``0, 1/(k-1), ..., 1``)."""
 
     def validate(self) -> None:
         if self.precision_lambda < 0:
@@ -87,6 +103,11 @@ class FeedbackConfig:
             raise ValueError("repeats must be >= 1")
         if self.progress_patience < 1:
             raise ValueError("progress_patience must be >= 1")
+        if not 0 <= self.noise_p <= 0.5:
+            raise ValueError(f"noise_p must be in [0, 0.5] (a flip rate above one half inverts "
+                             f"the signal), got {self.noise_p}")
+        if self.coarse_levels < 2:
+            raise ValueError(f"coarse_levels must be >= 2, got {self.coarse_levels}")
 
 
 # ----------------------------------------------------------------------------- tests
@@ -111,6 +132,54 @@ def r_compile(code: str, result: SandboxResult | None = None) -> float:
     if result is not None and result.status == Status.ERROR:
         return 0.0
     return 1.0
+
+
+# ----------------------------------------------------------------------------- regimes
+
+
+FEEDBACK_MODES = ("dense", "binary", "public", "noisy", "coarse")
+
+
+def r_feedback(result: SandboxResult, mode: str = "dense", *,
+               public: Collection[str] | SandboxResult | None = None, noise_p: float = 0.1,
+               levels: int = 4, rng: random.Random | None = None) -> float:
+    """The reward a learner is told under a feedback regime, from the hidden-test result.
+
+    With ``o_j`` the hidden test outcomes and ``n`` their number:
+
+    * ``dense``: ``sum_j o_j / n`` (= ``r_test``);
+    * ``binary``: ``1[every o_j]`` (= ``r_pass``);
+    * ``public``: ``sum_{j in V} o_j / |V|`` over the visible examples ``V`` (``public``: their
+      names when they are among the hidden tests, else the result of running them);
+    * ``noisy``: ``sum_j (o_j XOR e_j) / n``, ``e_j ~ Bernoulli(noise_p)`` drawn from ``rng``;
+    * ``coarse``: ``floor(dense * (levels - 1)) / (levels - 1)``: a 70% pass rate at 4 levels
+      reads 1/3, so the signal says little about which change helped.
+
+    Code that did not load has no outcomes and gets 0 under every regime."""
+    outcomes = [o.ok for o in result.outcomes]
+    total = result.total or len(outcomes)
+    if mode == "dense":
+        return r_test(result)
+    if mode == "binary":
+        return r_pass(result)
+    if mode == "coarse":
+        k = levels - 1
+        return math.floor(r_test(result) * k + 1e-9) / k
+    if mode == "noisy":
+        if not total:
+            return 0.0
+        rng = rng or random.Random(0)
+        passed = list(outcomes) + [False] * (total - len(outcomes))  # uncollected tests failed
+        return sum(ok != (rng.random() < noise_p) for ok in passed) / total
+    if mode == "public":
+        if isinstance(public, SandboxResult):
+            return r_test(public)
+        names = set(public or ())
+        if not names:
+            raise ValueError("feedback mode 'public' needs the visible examples' names or results")
+        by_name = {o.name: o.ok for o in result.outcomes}
+        return sum(by_name.get(n, False) for n in names) / len(names)
+    raise ValueError(f"unknown feedback mode {mode!r}; choose one of {list(FEEDBACK_MODES)}")
 
 
 # ----------------------------------------------------------------------------- precision
@@ -437,12 +506,14 @@ def evaluate_many(
     config: FeedbackConfig | None = None,
     sandbox=None,
     progress: ProgressTracker | None = None,
+    seed: int = 0,
 ) -> list[Feedback]:
     """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat,
     one ruff process for all, then the pure component functions.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
-    ``progress`` (optional) is updated in input order and pays ``r_progress``.
+    ``progress`` (optional) is updated in input order and pays ``r_progress``. ``seed`` seeds
+    the ``noisy`` regime's flips (candidate ``i`` draws from ``Random((seed, i))``).
     """
     if len(tasks) != len(codes):
         raise ValueError(f"evaluate_many: {len(tasks)} tasks but {len(codes)} candidates")
@@ -454,6 +525,7 @@ def evaluate_many(
     cands = [Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
              for t, c in zip(tasks, codes)]
     runs = [sandbox.run_many(cands) for _ in range(cfg.repeats)]
+    public = _public_views(tasks, codes, runs[0], sandbox) if cfg.mode == "public" else None
     styles = style_many(codes, cfg)
     out = []
     for i, (task, code) in enumerate(zip(tasks, codes)):
@@ -462,6 +534,10 @@ def evaluate_many(
         comps = {
             "r_test": sum(r_test(run[i]) for run in runs) / len(runs),
             "r_pass": r_pass(result),
+            "r_feedback": sum(r_feedback(run[i], cfg.mode, public=public[i] if public else None,
+                                         noise_p=cfg.noise_p, levels=cfg.coarse_levels,
+                                         rng=random.Random(f"{seed}:{i}:{k}"))
+                              for k, run in enumerate(runs)) / len(runs),
             "r_compile": r_compile(code, result),
             "r_precision": r_precision(task.buggy_code, code, cfg.precision_lambda,
                                        cfg.precision_distance),
@@ -472,3 +548,28 @@ def evaluate_many(
         }
         out.append(Feedback(task.task_id, comps, result, styles[i], flags))
     return out
+
+
+def _public_views(tasks: Sequence[RepairTask], codes: Sequence[str],
+                  hidden: Sequence[SandboxResult], sandbox) -> list:
+    """Per candidate, what the ``public`` regime reads: the visible examples' names when the
+    hidden run graded them (synthetic examples are hidden cases), else a run of the visible
+    examples themselves (one batched sandbox call for all such candidates)."""
+    views: list = [None] * len(tasks)
+    todo = []
+    for i, (t, res) in enumerate(zip(tasks, hidden)):
+        names = [c.name for c in t.public_tests.cases]
+        if not names:
+            raise ValueError(f"task {t.task_id} has no visible examples for feedback mode 'public'")
+        graded = {o.name for o in res.outcomes}
+        if set(names) <= graded or (not res.outcomes and set(names) <= {c.name for c in t.tests.cases}):
+            views[i] = names
+        else:
+            todo.append(i)
+    if todo:
+        results = sandbox.run_many([Candidate(code=codes[i], tests=tasks[i].public_tests,
+                                              entry_point=tasks[i].entry_point,
+                                              id=f"{tasks[i].task_id}:public") for i in todo])
+        for i, r in zip(todo, results):
+            views[i] = r
+    return views

@@ -38,7 +38,8 @@ from labkit.config import from_dict, to_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
 from labkit.credit.fork_credit import ForkCreditConfig, fork_sites, needs_forks
 from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
-from labkit.credit.reshaping import CurriculumSampler, Reshaper, ReshapeConfig, transform_advantages
+from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, test_term,
+                                     transform_advantages)
 from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
 from labkit.env.records import RepairTask
 from labkit.loops import metrics as M
@@ -339,7 +340,8 @@ class Trainer:
         else:
             self._ensure_buggy_baseline(tasks)
             fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
-                               sandbox=self.sandbox, progress=self.progress)
+                               sandbox=self.sandbox, progress=self.progress,
+                               seed=derive_seed(cfg.seed, "feedback", step, *self._rank_key()))
         timings["time/execute"] = time.time() - t0
 
         # -- counterfactual forks (didpo_fork) -----------------------------------------------
@@ -412,13 +414,14 @@ class Trainer:
         return row
 
     def _ensure_buggy_baseline(self, tasks: Sequence[RepairTask]) -> None:
-        """``r_test`` of each task's unchanged buggy code (for the precision gate)."""
+        """The test signal (:func:`test_term`, under the run's feedback regime) of each task's
+        unchanged buggy code: the precision gate's baseline."""
         todo = [t for t in tasks if t.task_id not in self._buggy_r_test]
         if todo:
             fb = evaluate_many(todo, [t.buggy_code for t in todo], config=self.cfg.feedback,
-                               sandbox=self.sandbox)
+                               sandbox=self.sandbox, seed=derive_seed(self.cfg.seed, "buggy"))
             for t, f in zip(todo, fb):
-                self._buggy_r_test[t.task_id] = f.components["r_test"]
+                self._buggy_r_test[t.task_id] = test_term(f.components, self.cfg.reshape)
 
     def _fork_phase(self, rollouts: list[Rollout], kv, task_of: list[RepairTask], fb,
                     scfg: SamplingConfig) -> dict:
@@ -455,7 +458,7 @@ class Trainer:
         else:
             cf_comps = [f.components for f in evaluate_many(
                 cf_tasks, [f.rollout.code for f in forks.forks], config=cfg.feedback,
-                sandbox=self.sandbox)]
+                sandbox=self.sandbox, seed=derive_seed(cfg.seed, "fork-feedback", self.step))]
         exec_s = time.time() - t0
         buggy = [self._buggy_r_test.get(t.task_id) for t in task_of]
         r_fact, _ = self.reshaper.rewards([{**f.components, "r_progress": 0.0} for f in fb], buggy)
