@@ -440,3 +440,28 @@ def test_anchorview_from_run(run_dir):
     missing = AnchorView.from_run(run_dir, step=3)
     assert all("not in the records" in w.value for w in missing._members.children)
     assert AnchorView.from_run(run_dir, step=2).caption == "toy/sq/bug0 at step 2"
+
+
+def test_tuner_rereads_a_batch_under_another_feedback_regime():
+    """Records carry their per-test outcomes: under `binary` a 6-of-8 program is told 0, so its
+    group's ranking and advantages change; `as run` keeps the stored r_feedback."""
+    from labkit.env.feedback import FeedbackConfig
+
+    def rec(sample, oks):
+        comps = {"r_test": sum(oks) / len(oks), "r_pass": float(all(oks)),
+                 "r_feedback": sum(oks) / len(oks)}
+        return record(sample, comps, tests=[[f"case_{i}", ok] for i, ok in enumerate(oks)],
+                      tests_total=len(oks), public_tests=["case_0", "case_7"])
+    batch = [rec(0, [True] * 8), rec(1, [True] * 6 + [False] * 2), rec(2, [False] * 8)]
+    start = recompute(batch, TRAP)
+    binary = recompute(batch, TRAP, feedback=FeedbackConfig(mode="binary"))
+    public = recompute(batch, TRAP, feedback=FeedbackConfig(mode="public"))
+    assert start["reward"].tolist() == pytest.approx([1.0, 0.75, 0.0])
+    assert binary["reward"].tolist() == pytest.approx([1.0, 0.0, 0.0])
+    assert public["reward"].tolist() == pytest.approx([1.0, 0.5, 0.0])
+    tuner = RewardTuner(batch, start=TRAP)
+    before = tuner.frame["A"].tolist()
+    tuner._feedback.value = "binary"
+    assert tuner.frame["A"].tolist() != before and tuner.frame["A@start"].tolist() == before
+    with pytest.raises(ValueError, match="no per-test outcomes"):
+        recompute(trap_batch(), TRAP, feedback=FeedbackConfig(mode="noisy"))

@@ -23,6 +23,7 @@ from traitlets import Instance, List, Unicode
 
 from labkit.config import from_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.env.feedback import FEEDBACK_MODES, FeedbackConfig, r_feedback_of_record
 from labkit.credit.reshaping import RECIPES, ReshapeConfig, Reshaper, recipe, transform_advantages
 from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
@@ -46,7 +47,7 @@ TOGGLES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "grpo",
-              ) -> pd.DataFrame:
+              feedback: FeedbackConfig | None = None) -> pd.DataFrame:
     """Rewards and advantages of one step's records under ``cfg``, as the trainer would
     compute them with a fresh :class:`Reshaper`.
 
@@ -55,7 +56,8 @@ def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "
     statistics, so ``running`` starts from mean 0, std 1), ``advantage`` (estimator, then
     ``transform_advantages``) and ``rank`` (1 = best reward in its group, ties share).
     The precision gate ``improved`` compares with ``record["buggy_r_test"]`` when a record
-    has it, else with 0.
+    has it, else with 0. ``feedback`` re-reads every record's ``r_feedback`` under another
+    regime (:func:`labkit.env.feedback.r_feedback_of_record`); ``None`` keeps the run's own.
     """
     cfg.validate()
     steps = {r["step"] for r in records}
@@ -63,7 +65,10 @@ def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "
         raise ValueError(f"recompute needs the records of one step; got steps {sorted(steps)}")
     reshaper = Reshaper(cfg)
     reshaper.step = max(0, steps.pop() - 1)  # records carry step + 1 (logged after the step)
-    rewards, terms = reshaper.rewards([r["components"] for r in records],
+    comps = [r["components"] for r in records]
+    if feedback is not None:
+        comps = [{**c, "r_feedback": r_feedback_of_record(r, feedback)} for c, r in zip(comps, records)]
+    rewards, terms = reshaper.rewards(comps,
                                       [r.get("buggy_r_test") for r in records])  # [B]
     normed, _ = reshaper.normalise(rewards)  # [B]
     mask = torch.ones(len(records), 1, dtype=normed.dtype)  # [B, 1]: one token per sequence
@@ -141,6 +146,8 @@ class RewardTuner(widgets.VBox):
     config = Instance(ReshapeConfig, help="The config the controls edit.")
     start = Instance(ReshapeConfig, help="The config the table compares with.")
     estimator = Unicode("grpo", help="Advantage estimator (labkit.credit.advantages).")
+    feedback = Unicode("as run", help="Feedback regime the batch is re-read under ('as run' or "
+                                      "one of labkit.env.feedback.FEEDBACK_MODES).")
     frame = Instance(pd.DataFrame, allow_none=True, help="compare(start, config) of the batch.")
 
     def __init__(self, records: Sequence[Mapping], start: ReshapeConfig | None = None,
@@ -158,13 +165,15 @@ class RewardTuner(widgets.VBox):
                                            description="estimator")
         self._recipe = widgets.Dropdown(options=["(custom)", *RECIPES], value="(custom)",
                                         description="recipe")
+        self._feedback = widgets.Dropdown(options=["as run", *FEEDBACK_MODES], value="as run",
+                                          description="feedback")
         self._reset = widgets.Button(description="reset to start", icon="undo")
         self._summary = widgets.HTML()
         self._table = widgets.HTML()
         self.out = widgets.Output()
         grid = widgets.GridBox(list(self.controls.values()),
                                layout=widgets.Layout(grid_template_columns="repeat(2, 50%)"))
-        super().__init__(children=[grid, widgets.HBox([self._recipe, self._estimator, self._reset]),
+        super().__init__(children=[grid, widgets.HBox([self._recipe, self._estimator, self._feedback, self._reset]),
                                    self._summary, self._table, self.out],
                          records=[dict(r) for r in records], start=start,
                          config=dataclasses.replace(start), estimator=estimator)
@@ -172,10 +181,11 @@ class RewardTuner(widgets.VBox):
         for name, control in self.controls.items():
             control.observe(functools.partial(self._on_control, name), names="value")
         widgets.link((self._estimator, "value"), (self, "estimator"))
+        widgets.link((self._feedback, "value"), (self, "feedback"))
         self._reset.on_click(self._on_reset)
         self._recipe.observe(self._on_recipe, names="value")
         self.observe(self._show_config, names="config")
-        self.observe(self._recompute, names=["records", "start", "estimator"])
+        self.observe(self._recompute, names=["records", "start", "estimator", "feedback"])
         self._show_config()
 
     @classmethod
@@ -211,8 +221,9 @@ class RewardTuner(widgets.VBox):
     def _recompute(self, _change: Mapping | None = None) -> None:
         with shown_in(self.out):
             self.out.outputs = ()
+            regime = None if self.feedback == "as run" else FeedbackConfig(mode=self.feedback)
             self.frame = compare(recompute(self.records, self.start, self.estimator),
-                                 recompute(self.records, self.config, self.estimator))
+                                 recompute(self.records, self.config, self.estimator, regime))
             self._summary.value = summary_html(self.frame)
             self._table.value = frame_html(self.frame, signed=["A@start", "A"],
                                            bold_rows=(self.frame["moved"] != 0).tolist(),

@@ -182,6 +182,30 @@ def r_feedback(result: SandboxResult, mode: str = "dense", *,
     raise ValueError(f"unknown feedback mode {mode!r}; choose one of {list(FEEDBACK_MODES)}")
 
 
+def r_feedback_of_record(record: Mapping, config: FeedbackConfig, seed: int = 0) -> float:
+    """``r_feedback`` of a stored rollout record (``rollouts.jsonl``) under another regime:
+    its per-test outcomes (``tests``: ``[name, ok]`` pairs, ``tests_total``) and its visible
+    examples' names (``public_tests``) are all a regime needs, so a stored batch can be
+    re-read as if the run had been told something else."""
+    if "tests" not in record:
+        raise ValueError("this rollout record holds no per-test outcomes (written by an older "
+                         "labkit); re-run the step to compare feedback regimes")
+    from labkit.env.records import TestOutcome
+
+    outs = tuple(TestOutcome(name, bool(ok)) for name, ok in record["tests"])
+    passed = sum(o.ok for o in outs)
+    total = int(record.get("tests_total", len(outs)))
+    result = SandboxResult(status=Status.PASSED if outs and passed == total else Status.FAILED,
+                           passed=passed, total=total, outcomes=outs)
+    public = record.get("public_tests") or None
+    if config.mode == "public" and public and not set(public) <= {o.name for o in outs}:
+        raise ValueError(f"record {record.get('task_id')}: its visible examples were not among "
+                         "the graded tests, so the 'public' regime cannot be re-read from it")
+    return r_feedback(result, config.mode, public=public, noise_p=config.noise_p,
+                      levels=config.coarse_levels, rng=random.Random(f"{seed}:{record.get('task_id')}:"
+                                                                    f"{record.get('sample')}"))
+
+
 # ----------------------------------------------------------------------------- precision
 
 

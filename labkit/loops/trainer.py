@@ -575,6 +575,9 @@ class Trainer:
                         "components": f.components, "reward": float(rewards[b]),
                         "buggy_r_test": self._buggy_r_test.get(r.task_id),
                         "advantages": adv[b, :r.n_tokens].tolist(), "status": f.result.status.value,
+                        "tests": [[o.name, o.ok] for o in f.result.outcomes],
+                        "tests_total": f.result.total,
+                        "public_tests": [c.name for c in t.public_tests.cases],
                         "flags": list(f.hack_flags)})
         return out
 
