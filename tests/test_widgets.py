@@ -465,3 +465,21 @@ def test_tuner_rereads_a_batch_under_another_feedback_regime():
     assert tuner.frame["A"].tolist() != before and tuner.frame["A@start"].tolist() == before
     with pytest.raises(ValueError, match="no per-test outcomes"):
         recompute(trap_batch(), TRAP, feedback=FeedbackConfig(mode="noisy"))
+
+
+def test_component_effects_say_which_components_can_act():
+    """Batch normalisation is affine in the rewards: inert under GRPO's standardisation, a
+    rescaling under Dr. GRPO. A clip acts under GRPO only below (G-1)/sqrt(G)."""
+    from labkit.credit.reshaping import max_standardised_advantage, recipe
+    from widgets.tuner import component_effects
+
+    assert max_standardised_advantage(8) == pytest.approx(7 / 8 ** 0.5)  # 2.47
+    blog = recipe("reshaped")
+    grpo = component_effects(trap_batch(), blog, "grpo").set_index("component")["acts"]
+    dr = component_effects(trap_batch(), blog, "dr_grpo").set_index("component")["acts"]
+    assert grpo.to_dict() == {"composite": True, "normalise": False, "adv_clip": False}
+    assert dr["normalise"] and not dr["adv_clip"]
+    one_of_eight = [record(i, {"r_test": float(i == 0), "r_pass": float(i == 0)}) for i in range(8)]
+    clip = ReshapeConfig(**{**vars(recipe("raw")), "adv_clip": 2.0})
+    assert component_effects(one_of_eight, clip, "grpo")["acts"].tolist() == [True]  # 2.47 -> 2
+    assert component_effects(trap_batch(), recipe("reshaped_grpo"), "grpo")["acts"].all()

@@ -24,7 +24,8 @@ from traitlets import Instance, List, Unicode
 from labkit.config import from_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
 from labkit.env.feedback import FEEDBACK_MODES, FeedbackConfig, r_feedback_of_record
-from labkit.credit.reshaping import RECIPES, ReshapeConfig, Reshaper, recipe, transform_advantages
+from labkit.credit.reshaping import (COMPONENT_OFF, RECIPES, ReshapeConfig, Reshaper,
+                                     components_on, recipe, transform_advantages)
 from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run
@@ -84,6 +85,25 @@ def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "
     return frame
 
 
+def component_effects(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "grpo",
+                      tol: float = 1e-4) -> pd.DataFrame:
+    """For every reshaping component ``cfg`` switches on: the largest change of any advantage
+    of this batch when that component alone is switched off
+    (:data:`labkit.credit.reshaping.COMPONENT_OFF`), and whether it *acts* (``> tol``).
+
+    Batch normalisation and an EMA baseline are affine in the rewards, so they cannot act
+    under an estimator that standardises (``grpo``, ``batch_norm``); a clip acts only above
+    :func:`labkit.credit.reshaping.max_standardised_advantage` of the group size. Measuring
+    on the batch says the same for any estimator, including the ones no rule covers."""
+    base = recompute(records, cfg, estimator)["advantage"]
+    rows = []
+    for name in components_on(cfg):
+        off = recompute(records, dataclasses.replace(cfg, **COMPONENT_OFF[name]), estimator)
+        delta = float((base - off["advantage"]).abs().max())
+        rows.append({"component": name, "max_change": delta, "acts": delta > tol})
+    return pd.DataFrame(rows, columns=["component", "max_change", "acts"])
+
+
 def kendall_tau(a: Sequence[float], b: Sequence[float], tol: float = 1e-9) -> float:
     """Kendall's tau-b of two rankings (ties allowed; NaN when one side is all ties):
     ``sum s_a s_b / sqrt(sum s_a^2 sum s_b^2)`` over pairs, ``s = sign(x_i - x_j)``."""
@@ -122,6 +142,17 @@ def summary_html(compared: pd.DataFrame) -> str:
     moved = int((compared["moved"] != 0).sum())
     return (f"ranking vs start: mean Kendall tau {tau}; "
             f"<b>{moved}</b> of {len(compared)} rollouts changed rank")
+
+
+def effects_html(effects: pd.DataFrame, estimator: str) -> str:
+    """One line: which switched-on components change this batch's advantages under
+    ``estimator``, and which cannot (inert)."""
+    if effects.empty:
+        return ""
+    acts = [r.component for r in effects.itertuples() if r.acts]
+    inert = [r.component for r in effects.itertuples() if not r.acts]
+    return (f"<br>under <code>{estimator}</code>: acting {', '.join(acts) or 'none'}; "
+            f"<b>inert</b> (no advantage moves) {', '.join(inert) or 'none'}")
 
 
 def run_reshape_config(run_dir: str | Path) -> ReshapeConfig:
@@ -224,7 +255,8 @@ class RewardTuner(widgets.VBox):
             regime = None if self.feedback == "as run" else FeedbackConfig(mode=self.feedback)
             self.frame = compare(recompute(self.records, self.start, self.estimator),
                                  recompute(self.records, self.config, self.estimator, regime))
-            self._summary.value = summary_html(self.frame)
+            effects = component_effects(self.records, self.config, self.estimator)
+            self._summary.value = summary_html(self.frame) + effects_html(effects, self.estimator)
             self._table.value = frame_html(self.frame, signed=["A@start", "A"],
                                            bold_rows=(self.frame["moved"] != 0).tolist(),
                                            css_class="labkit-table labkit-tuner-table")

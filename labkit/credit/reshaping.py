@@ -111,12 +111,48 @@ def _blog_recipe() -> ReshapeConfig:
     return ReshapeConfig(normalise="batch", warmup_steps=5)
 
 
+def _blog_recipe_for_grpo() -> ReshapeConfig:
+    """The blog's recipe with only the components that can act under GRPO's per-group
+    standardisation: the composite reward (gated precision, style, progress, hack penalty).
+    Batch normalisation and the EMA baseline are affine in the rewards, and a clip at 5 is
+    above the largest standardised advantage of a group of 8 (2.47): all three are dropped."""
+    return ReshapeConfig(normalise="none", ema_baseline=0.0, adv_clip=0.0)
+
+
 RECIPES: dict[str, Callable[[], ReshapeConfig]] = {
     "raw": ReshapeConfig.raw,
     "reshaped": _blog_recipe,
+    "reshaped_grpo": _blog_recipe_for_grpo,
 }
 """Named reshaping recipes, defined once; experiments, notebooks and the RewardTuner take
 them from here (a fresh config on each call)."""
+
+
+def max_standardised_advantage(n: int) -> float:
+    """The largest ``|A|`` that standardising ``n`` rewards can give: ``(n - 1) / sqrt(n)`` (one
+    reward apart from ``n - 1`` equal ones, unbiased std). GRPO standardises each group of
+    ``G`` (2.47 at G = 8), ``batch_norm`` the whole batch: a clip at or above this never binds."""
+    return (n - 1) / math.sqrt(n) if n > 1 else 0.0
+
+
+COMPONENT_OFF: dict[str, dict] = {
+    "composite": {"w_precision": 0.0, "w_style": 0.0, "w_progress": 0.0, "w_hack": 0.0,
+                  "style_schedule": None},
+    "normalise": {"normalise": "none"},
+    "ema_baseline": {"ema_baseline": 0.0},
+    "adv_clip": {"adv_clip": 0.0},
+    "amplify": {"amplify": "none"},
+    "focus": {"focus_threshold": 0.0},
+}
+"""How to switch each reshaping component off: the fields a raw config sets. A component is
+*on* in a config that differs from these values; whether it can *act* (change the
+advantages) depends on the estimator, which ``widgets.tuner.component_effects`` measures."""
+
+
+def components_on(cfg: "ReshapeConfig") -> list[str]:
+    """The components of :data:`COMPONENT_OFF` that ``cfg`` switches on."""
+    return [name for name, off in COMPONENT_OFF.items()
+            if any(getattr(cfg, k) != v for k, v in off.items())]
 
 
 def recipe(name: str) -> ReshapeConfig:
