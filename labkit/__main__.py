@@ -235,7 +235,7 @@ def cmd_eval(args) -> int:
 
 def cmd_train(args) -> int:
     from labkit.config import ConfigError, apply_overrides, load_yaml
-    from labkit.loops.trainer import CheckpointError, TrainConfig, train_from_config
+    from labkit.loops.trainer import CheckpointError, RunFolderError, TrainConfig, train_from_config
 
     try:
         if args.resume:
@@ -254,8 +254,9 @@ def cmd_train(args) -> int:
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
     try:
-        trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet)
-    except CheckpointError as e:
+        trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet,
+                                    overwrite=args.overwrite)
+    except (CheckpointError, RunFolderError) as e:
         raise CLIError(str(e)) from None
     rows = trainer.run.read("metrics.jsonl")
     evals = trainer.run.read("eval.jsonl")
@@ -411,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set loss.kl_coef=0.01 --set steps=50")
     tr.add_argument("--resume", metavar="RUN_DIR", help="resume a run from its last checkpoint")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace a run already in run_dir (default: refuse)")
     tr.set_defaults(func=cmd_train)
 
     mc = sub.add_parser("mucode", help="muCODE expert iteration (multi-turn, learned verifier)")

@@ -14,7 +14,8 @@ import torch
 
 from conftest import toy_tasks
 from labkit.config import from_dict, to_dict
-from labkit.loops.trainer import CheckpointError, Trainer, TrainConfig, latest_checkpoint
+from labkit.loops.trainer import (CheckpointError, RunFolderError, Trainer, TrainConfig,
+                                  latest_checkpoint)
 
 
 def _cfg(run_dir, model_dir, **kw):
@@ -88,16 +89,55 @@ def test_run_folder_and_checkpoints(toy_model_dir, tmp_path):
     assert len((run / "rollouts.jsonl").read_text().splitlines()) == 3 * 8
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
     assert json.loads((run / "config.json").read_text())["seed"] == 3
-    # a corrupt checkpoint is reported clearly
+    # a corrupt checkpoint is reported clearly; resuming falls back to an intact older one
     ck = latest_checkpoint(run)
     (ck / "trainable.pt").write_bytes(b"not a checkpoint")
     tr2 = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
     with pytest.raises(CheckpointError, match="is corrupt"):
         tr2.load_checkpoint()
+    (run / "checkpoints" / "step_000004.tmp").mkdir()  # a half-written one from a kill
+    assert tr2.resume() == 2
+    assert not (run / "checkpoints" / "step_000004.tmp").exists()
+    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     (ck / "COMPLETE").unlink()
     with pytest.raises(CheckpointError, match="is incomplete"):
         tr2.load_checkpoint(ck)
+    for old in (run / "checkpoints").glob("step_*"):
+        (old / "optim.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no intact checkpoint"):
+        tr2.resume()
     tr2.close()
+
+
+def test_a_folder_holding_another_run_is_refused(toy_model_dir, tmp_path):
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=2, checkpoint_every=5)
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    tr.train(steps=1, progress=False)
+    tr.close()
+    import shutil
+
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # as if killed before its first checkpoint
+    again = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    with pytest.raises(RunFolderError, match="already holds a run .1 steps logged.*--overwrite"):
+        again.train(progress=False)
+    assert again.resume() == 0  # no checkpoint yet: from step 0, partial logs dropped
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text()
+    again.train(progress=False)
+    again.close()
+    rows = [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2]  # not 1, 1, 2
+    fresh = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[], overwrite=True)
+    fresh.train(steps=1, progress=False)
+    fresh.close()
+    assert [json.loads(l)["step"] for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def test_reading_a_run_folder_creates_nothing(tmp_path):
+    from labkit.loops.events import RunFolder
+
+    run = RunFolder(tmp_path / "nothing")
+    assert run.read("metrics.jsonl") == [] and not run.holds_run()
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(toy_model_dir, tmp_path):

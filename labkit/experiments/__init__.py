@@ -117,7 +117,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             resume = prepare_run_dir(run_dir, cfg)
             tr = Trainer(cfg)
             if resume:
-                print(f"{method} seed {seed}: resuming {run_dir} from step {tr.load_checkpoint()}", flush=True)
+                print(f"{method} seed {seed}: resuming {run_dir} from step {tr.resume()}", flush=True)
             tr.train(progress=True)
             tr.close()
             per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))

@@ -54,14 +54,30 @@ class RunFolder:
     """Files of one run. JSONL files are appended one line per record and flushed with
     ``fsync`` so a killed run loses at most the line being written."""
 
+    RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "anchors.jsonl")
+    """What a run writes besides ``checkpoints/``."""
+
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        (self.path / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)  # nothing is created until something is written
 
     def file(self, name: str) -> Path:
         return self.path / name
 
+    def holds_run(self) -> bool:
+        """Whether the folder already holds (part of) a run: its config, a log or a checkpoint."""
+        return (any(self.file(n).exists() for n in self.RUN_FILES)
+                or any((self.path / "checkpoints").glob("step_*")))
+
+    def clear(self) -> None:
+        """Remove a previous run's files and checkpoints (other files are left alone)."""
+        import shutil
+
+        for n in self.RUN_FILES:
+            self.file(n).unlink(missing_ok=True)
+        shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
+
     def append(self, name: str, record: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
         with open(self.file(name), "a") as f:
             f.write(json.dumps(_clean(record)) + "\n")
             f.flush()
@@ -87,6 +103,8 @@ class RunFolder:
         """Keep only records with ``step <= step`` (resume: no row lost or duplicated).
         Returns how many were dropped."""
         rows = self.read(name)
+        if not rows and not self.file(name).exists():
+            return 0
         keep = [r for r in rows if r.get("step", -1) <= step]
         tmp = self.file(name + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
@@ -94,6 +112,7 @@ class RunFolder:
         return len(rows) - len(keep)
 
     def write_json(self, name: str, obj: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
         tmp = self.file(name + ".tmp")
         tmp.write_text(json.dumps(_clean(obj), indent=2))
         os.replace(tmp, self.file(name))

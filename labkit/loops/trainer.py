@@ -171,6 +171,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
 
 
+class RunFolderError(RuntimeError):
+    """The run folder already holds another run; the message says what to do."""
+
+
 # ============================================================================= trainer
 
 
@@ -178,12 +182,17 @@ class Trainer:
     """Holds the policy, optimiser and running state; :meth:`train` runs the loop."""
 
     def __init__(self, cfg: TrainConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
-                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None, reward_fn=None):
+                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None, reward_fn=None,
+                 overwrite: bool = False):
         """``reward_fn(tasks, rollouts) -> list[dict]`` (optional) replaces the sandbox and
         feedback floor with your own component dicts (they need ``r_test`` and ``r_pass``);
-        the reshaping, estimator and update stay the same."""
+        the reshaping, estimator and update stay the same. A run folder that holds another
+        run is refused when training starts (:class:`RunFolderError`) unless ``overwrite``
+        (its run files are then removed) or the run is resumed (:meth:`resume`)."""
         cfg.validate()
         self.reward_fn = reward_fn
+        self.overwrite = overwrite
+        self._resumed = False
         self.cfg = cfg
         self.events = EventBus()
         self.run = RunFolder(cfg.run_dir)
@@ -283,6 +292,14 @@ class Trainer:
         self._stop = False
         rows = []
         if self.step == 0:
+            if self.is_main and not self._resumed and self.run.holds_run():
+                if not self.overwrite:
+                    done = len(self.run.read("metrics.jsonl"))
+                    raise RunFolderError(
+                        f"{self.run.path} already holds a run ({done} steps logged): resume it "
+                        "(--resume / Trainer.resume()), train into a new run_dir, or pass "
+                        "--overwrite to replace it")
+                self.run.clear()
             if self.is_main:
                 self.run.write_json("config.json", to_dict(cfg))
             self.events.emit("on_train_start", trainer=self)
@@ -630,6 +647,34 @@ class Trainer:
         self.events.emit("on_checkpoint", trainer=self, step=self.step, path=final)
         return final
 
+    def resume(self) -> int:
+        """Continue the run in ``run_dir``: from its newest intact checkpoint (a corrupt newer
+        one is skipped, and said so), or from step 0 when it was stopped before its first
+        checkpoint (its partial logs are dropped). Stale ``.tmp`` checkpoint folders are
+        removed. Returns the step training continues from."""
+        for stale in (self.run.path / "checkpoints").glob("*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"{stale}: removed a checkpoint left half-written", flush=True)
+        self._resumed = True
+        done = [p for p in sorted((self.run.path / "checkpoints").glob("step_*"), reverse=True)
+                if p.is_dir()]
+        errors = []
+        for path in done:
+            try:
+                step = self.load_checkpoint(path)
+            except CheckpointError as e:
+                errors.append(str(e))
+                print(f"{e}; trying an older checkpoint", flush=True)
+                continue
+            return step
+        if errors:
+            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'}: "
+                                  + "; ".join(errors))
+        print(f"{self.run.path}: no checkpoint yet; starting from step 0", flush=True)
+        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
+            self.run.truncate_after(name, -1)
+        return 0
+
     def load_checkpoint(self, path: str | Path | None = None) -> int:
         """Restore from ``path`` (default: the newest complete checkpoint of the run) and
         drop log rows written after it. Returns the restored step."""
@@ -674,6 +719,7 @@ class Trainer:
                 for n, v in torch.load(path / "baseline.pt", weights_only=True).items():
                     base[n].copy_(v)
         self.step = int(state["step"])
+        self._resumed = True
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
             self.run.truncate_after(name, self.step)
         return self.step
@@ -739,10 +785,11 @@ def _agg_weight(mask: torch.Tensor, mode: str) -> float:
 
 
 def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True, **kwargs) -> Trainer:
-    """Build a trainer (resuming from the run folder's last checkpoint if asked) and train."""
+    """Build a trainer (resuming the run in its folder if asked: :meth:`Trainer.resume`) and
+    train."""
     trainer = Trainer(cfg, **kwargs)
     if resume:
-        trainer.load_checkpoint()
+        trainer.resume()
     try:
         trainer.train(progress=progress)
     finally:
