@@ -182,8 +182,19 @@ def check_02(n):
     if n["norm_batch_out_std"] is not None:
         assert abs(n["norm_batch_out_std"] - 1) < 1e-3
     assert n["clip_max"] == 2.0
+    means = n["regime_mean_reward"]
+    assert set(means) == {"dense", "binary", "public", "noisy", "coarse"}
+    assert means["binary"] <= means["dense"] + 1e-9 and means["coarse"] <= means["dense"] + 1e-9
+    assert n["regime_no_signal_groups"]["binary"] >= n["regime_no_signal_groups"]["dense"]
+    acts = n["normalise_acts"]
+    assert acts["grpo"] is False and acts["batch_norm"] is False  # affine: undone
+    if n["regime_no_signal_groups"]["dense"] < 2:  # some group has signal: Dr. GRPO rescales it
+        assert acts["dr_grpo"] is True
     assert n["curriculum_argmax_success"] == 0.5 and abs(n["curriculum_weight_at_0"] - 0.05) < 1e-9
-    assert n["tau_raw"] == 1.0 and _between(n["tau_default"], -1, 1)
+    if n["regime_no_signal_groups"]["dense"] < 2:  # some group is not all ties
+        assert n["tau_raw"] == 1.0 and _between(n["tau_default"], -1, 1)
+    else:
+        assert n["tau_raw"] is None
     assert n["tuner_rows"] == n["records"]
     assert n["short_steps"] == {"raw": 1, "reshaped": 1}
     assert all(_between(v, 0, 1) for v in n["short_pass_at_1_last"].values())
