@@ -57,11 +57,17 @@ class ReshapeConfig:
     """
 
     w_test: float = 1.0
+    """Weight of the test term ``r_t`` (the blog's ``w1``, about 1)."""
     w_precision: float = 0.2
+    """Weight of ``r_precision = exp(-lambda d)``, small edits paid more (``w2``, 0.1-0.3); only
+    under the precision gate, since the unchanged buggy code maximises it."""
     w_style: float = 0.1
+    """Weight of ``r_style`` (ruff findings, black formatting; ``w3``, 0.1-0.3)."""
     w_progress: float = 0.05
+    """Weight of the one-off ``r_progress`` bonus for a bug kind finally fixed (``w4``, small)."""
     w_hack: float = 1.0
-    """Penalty weight for a flagged reward hack."""
+    """Penalty weight for a flagged reward hack (not for a syntax error: ``r_compile`` prices
+    that)."""
     test_reward: Literal["feedback", "fraction", "binary"] = "feedback"
     """The test term ``r_t``: ``feedback``: ``r_feedback``, what the run's feedback regime
     tells the learner (``r_test`` under the default ``dense`` regime); ``fraction``: the hidden
@@ -76,13 +82,19 @@ class ReshapeConfig:
     falls back to running statistics during ``warmup_steps`` or while the batch std is
     below ``min_batch_std``; ``running`` always uses the running statistics."""
     warmup_steps: int = 10
+    """``batch`` normalisation uses running statistics for the first N steps, while a batch's
+    own statistics are too few to trust."""
     min_batch_std: float = 1e-3
+    """Below this batch std, ``batch`` falls back to running statistics (no blowing up of a
+    batch with almost no spread)."""
     running_momentum: float = 0.99
+    """Momentum of the running mean and variance."""
     ema_baseline: float = 0.0
     """If > 0, subtract an EMA of the mean reward with this beta (0 = off)."""
     adv_clip: float = 5.0
     """Clip advantages to ``[-adv_clip, adv_clip]`` (0 = off)."""
     amplify: Literal["none", "signed_power", "piecewise"] = "none"
+    """Non-linear amplification of the advantages (after the estimator)."""
     amplify_power: float = 0.5
     """``signed_power``: ``A <- sign(A) |A|^p`` (p < 1 amplifies small advantages)."""
     amplify_scale: float = 2.0
@@ -90,6 +102,7 @@ class ReshapeConfig:
     focus_threshold: float = 0.0
     """Damp samples with ``|A| < threshold`` by ``focus_damping`` (0 = off)."""
     focus_damping: float = 0.1
+    """Factor applied to advantages below ``focus_threshold``."""
 
     @classmethod
     def raw(cls) -> "ReshapeConfig":

@@ -84,10 +84,16 @@ class LossConfig:
     """The policy-gradient objective."""
 
     policy_loss: str = "ppo_clip"
+    """Policy loss by name in ``labkit.credit.losses.POLICY_LOSSES``."""
     eps_low: float = 0.2
+    """PPO clip below: the ratio of a token with ``A < 0`` stops paying under ``1 - eps_low``."""
     eps_high: float = 0.2
-    """Set above ``eps_low`` (e.g. 0.28) for DAPO's clip-higher."""
+    """PPO clip above: the ratio of a token with ``A > 0`` stops paying over ``1 + eps_high``.
+    Set above ``eps_low`` (e.g. 0.28) for DAPO's clip-higher, which keeps rare tokens of good
+    samples rising for longer (more exploration)."""
     dual_clip: float | None = 3.0
+    """Dual clip ``c`` (Ye et al. 2020): for ``A < 0`` the per-token loss is capped at ``-A c``,
+    so a token whose ratio blew up cannot dominate the batch. ``None``: off."""
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                  "seq-mean-token-sum-norm"] = "token-mean"
     """token-mean: long completions weigh more; seq-mean-token-mean: short ones do (GRPO's
@@ -95,7 +101,11 @@ class LossConfig:
     kl_coef: float = 0.0
     """beta: coefficient of the KL to the reference policy (0 = no reference forward)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (k1 ``d``, k2 ``d^2/2``, k3 ``exp(-d) + d - 1``, ``d = logp -
+    ref``): k3 is unbiased and never negative (verl's ``low_var_kl``); k1 is unbiased but noisy."""
     entropy_coef: float = 0.0
+    """Coefficient of an entropy bonus (subtracted from the loss); > 0 slows the policy's
+    collapse onto few completions, at the price of noisier samples."""
     epochs: int = 1
     """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
     micro_batch_size: int = 32
@@ -108,13 +118,26 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
     lr: float = 1e-5
+    """Peak learning rate (full fine-tune of the 2M tiny model: 5e-5 moves it in tens of
+    steps; a 7B model with LoRA wants about 1e-6 to 1e-5)."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay; 0 keeps the policy near its SFT start only through the KL."""
     betas: tuple[float, ...] = (0.9, 0.99)
+    """AdamW ``(beta1, beta2)``."""
     warmup_steps: int = 0
+    """Steps of linear warm-up from ``lr / warmup_steps`` to ``lr``. With 0 and a constant
+    schedule, the first N steps of a run equal an N-step run (experiments reuse that)."""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning rate after warm-up: constant, or decayed (cosine / linear) to
+    ``min_lr_ratio * lr`` at ``steps``."""
     min_lr_ratio: float = 0.1
+    """Floor of the decayed schedules, as a share of ``lr``."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm to this before each optimiser step (``grad/norm`` logs
+    the norm before clipping)."""
 
 
 @dataclass
@@ -122,9 +145,15 @@ class TrainConfig:
     """A whole training run (``python -m labkit train --config X.yaml --set k=v``)."""
 
     run_dir: str = "runs/train"
+    """The run folder: ``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``rollouts.jsonl``,
+    ``checkpoints/``. A folder holding another run is refused unless resumed or overwritten."""
     seed: int = 0
+    """Seeds everything random (tasks per step, sampling, forks, noisy feedback), derived per
+    step so a resumed run equals an uninterrupted one."""
     steps: int = 100
+    """Policy updates in the whole run."""
     tasks_per_step: int = 8
+    """Distinct tasks per update; each gets ``sampling.group_size`` samples (the GRPO group)."""
     estimator: str = "grpo"
     """Advantage estimator by name: grpo, dr_grpo, rloo, batch_norm, didpo (and its
     ablations didpo_no_ae, didpo_no_ad, didpo_whole_diff, didpo_additive_gs), didpo_fork
@@ -136,20 +165,34 @@ class TrainConfig:
     """How forks are made when the estimator needs them (didpo_fork): positions, the
     baseline policy (EMA or frozen) and whether the KL term targets it. Unused otherwise."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The model: ``tiny`` or a local Hugging Face folder, LoRA, the KL reference."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How completions are sampled (group size, temperature, length, engine)."""
     tasks: TaskConfig = field(default_factory=TaskConfig)
+    """Training and held-out tasks."""
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+    """The reward components and the feedback regime (``feedback.mode``)."""
     reshape: ReshapeConfig = field(default_factory=ReshapeConfig.raw)
+    """Reward reshaping; the default is raw GRPO (reward = the feedback signal only). Named
+    recipes: ``labkit.credit.reshaping.RECIPES``."""
     loss: LossConfig = field(default_factory=LossConfig)
+    """The policy-gradient objective (clip, aggregation, KL, entropy)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimiser and learning-rate schedule."""
     curriculum: bool = False
     """Sample tasks by bug kind, weighted by learnability (``CurriculumSampler``)."""
     eval_every: int = 20
     """Held-out pass@1 every N steps (and at step 0 and the end); 0 = never."""
     eval_k: int = 4
+    """Samples per held-out task at each evaluation (pass@1 is their mean pass rate)."""
     eval_temperature: float = 0.7
+    """Sampling temperature of the held-out evaluation (lower than training's: less noise in
+    the reading of what the policy does)."""
     checkpoint_every: int = 10
+    """Write a checkpoint every N steps (and at the end of every ``train`` call)."""
     keep_checkpoints: int = 2
+    """Newest checkpoints kept (older ones deleted); two, so a corrupt latest one leaves an
+    intact one to resume from."""
     log_rollouts: int = 16
     """Rollout records per step written to rollouts.jsonl (0 = none, -1 = all)."""
 
