@@ -52,19 +52,49 @@ class ExperimentConfig:
     """Shared budget of an experiment (every method gets the same)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
+    """Training seeds; every method trains once per seed (``TrainConfig.seed``). The seed also
+    draws each run's training and held-out tasks (``tasks.seed`` is left unset), so the 95%
+    interval over seeds covers the task sample as well as training noise; a single seed gives no
+    interval."""
     steps: int = 40
+    """Policy updates per run (``TrainConfig.steps``); a checkpoint every
+    ``max(1, steps // 3)``. The learning rate is constant without warm-up, which lets an
+    aliased method read a shorter budget off another experiment's longer finished run
+    (:func:`finished_run`, ``prefix``)."""
     tasks_per_step: int = 16
     """16 tasks x 8 samples per update: smaller batches did not generalise to held-out
     tasks on the tiny model (docs/results/probes)."""
     group_size: int = 8
+    """G: completions sampled per task and update (``sampling.group_size``, the GRPO group;
+    temperature 1.0, at most 320 new tokens). A larger group leaves fewer all-equal groups (zero
+    advantage, no signal) at G times the sampling and sandbox cost per task."""
     lr: float = 5e-5
+    """Peak AdamW learning rate (``optim.lr``), constant, no warm-up. 5e-5 moves the
+    2M-parameter tiny model within tens of steps; a larger model wants far less."""
     eval_every: int = 20
+    """Held-out pass@1 every N steps, plus step 0 and the last step
+    (``TrainConfig.eval_every``): the points of the report's curves, and a budget read at step s
+    needs one at s. 0 turns evaluation off and leaves the report nothing to read."""
     eval_tasks: int = 200
+    """Held-out tasks of the synthetic ``test`` split (templates training never sees) at each
+    evaluation (``tasks.eval_tasks``); an evaluation costs ``eval_tasks x eval_k`` samples."""
     eval_k: int = 4
+    """Samples per held-out task at each evaluation, at T = 0.7 (``TrainConfig.eval_k``); pass@1
+    is their mean pass rate. More samples narrow each reading's sampling noise at k times the
+    evaluation cost."""
     train_problems: int = 2000
+    """Synthetic training problems generated per run (``tasks.train_problems``, one buggy
+    variant each); each step samples ``tasks_per_step`` of them."""
     out: str = str(RESULTS)
+    """Folder the reports are written to: ``<name>.md``, ``.json``, ``.html`` and ``.png``
+    (default: the repository's ``docs/results``)."""
     run_root: str = "runs/experiments"
+    """Root of the run folders: method ``m`` of experiment ``e`` trains into
+    ``<run_root>/<e>/<m>/seed<seed>``, where finished runs are found again (``reuse_finished``)
+    and aliased methods look for the other experiment's runs. Relative to the working directory."""
     policy: str = "tiny"
+    """The starting policy (``policy.spec``): ``tiny`` or a local Hugging Face causal-LM folder.
+    Every run keeps a KL reference (``reference: auto``, ``kl_coef`` 0.01)."""
     reuse_finished: bool = True
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint

@@ -52,26 +52,64 @@ class Config:
     humaneval_tasks: int = 24
     """At most this many bug-injected HumanEval tasks, among those that fit the context."""
     split: str = "test"
+    """Split of the synthetic tasks: ``test`` (templates training never sees), ``val``,
+    ``train`` or ``in_template``. The first ``synthetic_tasks`` of a 200-task list (the size the
+    lab evaluates on, so usually cached) are used."""
     group_size: int = 8
+    """G: rollouts sampled per task. GRPO's episode advantage ``A_E`` is normalised within each
+    task's group, so G decides how finely it ranks rollouts; cost grows linearly (G rollouts,
+    their forks and sandbox runs per task)."""
     tasks_per_batch: int = 8
     """Tasks per estimator batch (a trainer step's ``tasks_per_step``): groups and the fork
     normalisation are per batch."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts; the forks propose and continue at the same T
+    (:meth:`~labkit.policy.forking.ForkConfig.from_sampling`). 1.0 samples the policy itself, as
+    RL training does."""
     max_new_tokens: int = 320
+    """Completion budget per rollout, shared with its forks. On HumanEval a batch gets at most
+    ``max positions - its longest prompt``, so every sequence fits the model."""
     context_margin: int = 16
     """A HumanEval task fits when ``|prompt| + |reference| + margin <= max positions``."""
     fork_strategy: str = "diff"
+    """Where ``didpo_fork`` forks (:data:`labkit.policy.forking.POSITION_STRATEGIES`): ``diff``
+    draws only tokens on lines that differ from the buggy code, i.e. inside the hunks whose
+    credit is measured; ``uniform`` spreads forks over the whole completion (most then land
+    outside any hunk). ``entropy`` is not available here: no per-token entropies are passed."""
     fork_fraction: float = 0.5
+    """Forks per rollout as a share of its completion tokens,
+    ``k = min(fork_budget, ceil(fork_fraction * n_tokens))`` (fewer when ``diff`` finds fewer
+    changed tokens). More forks give denser, less noisy per-hunk credit at one extra generation
+    and sandbox run each."""
     fork_budget: int = 4
+    """At most this many forks per rollout: bounds the fork cost of long completions, at the
+    price of sparser credit on them."""
     spread: str = "hunk"
+    """Placement of ``didpo_fork``'s credit: ``hunk`` gives every token of a hunk the mean of
+    its forks' normalised ``dR`` (a hunk's credit then does not depend on which of its tokens
+    were forked); ``token`` keeps each fork's credit on its own token (0 at unforked ones, which
+    dilutes the hunk's mean)."""
     lam: float = 1.0
+    """lambda in ``A = A_E + lambda A_fork`` of the two ``didpo_fork`` estimators (``didpo``
+    keeps its own default): the weight of the local term against the sequence-level one. The
+    ``A_fork only`` rows' rank and sign agreement do not depend on it (for lambda > 0)."""
     bootstrap: int = 1000
+    """Resamples of the hunks for each 95% percentile interval; more steady the interval's ends
+    at linear cost (0 = no intervals, reported n/a)."""
     seed: int = 0
+    """Seeds the task lists (synthetic generation, HumanEval bug injection), the sampling, fork
+    positions and forks (derived per data set and batch), torch and the bootstrap: the report is
+    reproducible from it."""
     policy: str = "tiny"
+    """The policy that samples and forks: ``tiny`` or a local Hugging Face causal-LM folder. Its
+    ``max_position_embeddings`` decides which HumanEval tasks fit; its EMA baseline equals it,
+    so the forks' alternatives come from the policy itself."""
     threads: int = 1
     """``torch.set_num_threads``: 1 keeps a 2M-parameter model from fighting other jobs for
     the cores (oversubscribed OpenMP threads spin)."""
     out: str = str(RESULTS)
+    """Folder of ``credit.md``, ``credit.json``, ``credit.html`` and ``credit.png`` (default:
+    the repository's ``docs/results``)."""
 
 
 ESTIMATORS = {  # label -> (registered estimator, uses the fork options)

@@ -25,8 +25,16 @@ class Config(ExperimentConfig):
     """The shared budget, plus which methods run on every seed and which on one."""
 
     methods: tuple[str, ...] = ("grpo", "didpo", "didpo_fork")
+    """Advantage estimators (``TrainConfig.estimator``) trained on every seed on the raw reward,
+    and timed side by side for the cost table. ``grpo`` reuses the reshaping experiment's
+    raw-GRPO runs when they match; ``grpo`` and ``didpo_fork`` together give the
+    ``didpo_fork@wall`` row."""
     ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff", "didpo_additive_gs")
+    """Estimators trained on ``ablation_seed`` only: DiDPO without ``A_E``, without ``A_D``
+    (GRPO), with the whole diff as the one unit of credit, with additive groupability
+    (:mod:`labkit.credit.anchors`); empty = none. They are not in the cost table."""
     ablation_seed: int = 0
+    """The one seed the ablations train on (one run each, so their intervals are n/a)."""
     steps: int = 20
     """Half the reshaping experiment's 40: GRPO here is that experiment's raw GRPO read at
     step 20 (the same run), which keeps the whole comparison within a CPU afternoon."""
@@ -40,6 +48,7 @@ class Config(ExperimentConfig):
     """Steps for the ablations (0 = ``steps``); compare them with the main methods'
     evaluation at that step (``eval_every`` should divide it)."""
     out: str = str(RESULTS)
+    """Folder of the ``didpo`` report files (default: the repository's ``docs/results``)."""
 
 
 def _method(estimator: str):

@@ -54,33 +54,69 @@ class Config:
     """Independent evaluation runs (sampling and random picks differ; same tasks): the
     'seeds' of the report."""
     eval_seed: int = 0
+    """Seed of the held-out evaluations (``EpisodeConfig.seed``: candidate sampling and the
+    random selector's picks); the starting and the expert-iteration model are evaluated under
+    the same seed."""
     ei_seed: int = 0
     """Seed of the one expert-iteration run (its cost rules out one per seed here)."""
     train_problems: int = 32
+    """Synthetic train-split problems (one buggy variant each, drawn with ``ei_seed``) that
+    expert iteration collects on; a fifth of them (``MucodeTasks.verifier_holdout``) is held out
+    of verifier training."""
     rollouts_per_task: int = 3
+    """Episodes collected per training task and iteration (``MucodeConfig.rollouts_per_task``;
+    the paper: 15): more give the verifier more labelled attempts and the local expert more
+    programs to choose from, at proportional collection cost."""
     iterations: int = 2
+    """Rounds of collect, train the verifier, relabel, fine-tune (``MucodeConfig.iterations``)."""
     eval_tasks: int = 40
+    """Held-out synthetic ``test``-split tasks (seed 0) both generators are evaluated on."""
     humaneval_tasks: int = 12
     """Bug-injected HumanEval tasks from the test and val splits (0 = skip)."""
     humaneval_turns: int = 2
+    """T for the HumanEval evaluation (``turns`` is the synthetic one). HumanEval prompts are
+    long: a later turn whose prompt does not fit with ``max_new_tokens`` ends the episode."""
     humaneval_replicates: int = 1
+    """Independent evaluation replicates on HumanEval, as ``replicates`` (1 = no interval)."""
     humaneval_selectors: tuple[str, ...] = ("random", "public_then_verifier")
+    """Selectors evaluated on HumanEval, a subset to save time: ``random`` (distributed as N =
+    1) and the paper's best, ``public_then_verifier``."""
     n_candidates: int = 5
+    """N: candidates sampled per turn in the evaluations (Best-of-N; collection always samples
+    one). The report labels its rows BoN-5."""
     turns: int = 3
+    """T: the most attempts per episode, in collection and in the synthetic evaluation (1 =
+    single-turn repair)."""
     max_new_tokens: int = 128
+    """Completion budget per attempt in collection and evaluation; also decides which HumanEval
+    tasks are run (their turn-1 prompt plus this must fit the model's positions)."""
     temperature: float = 0.7
+    """Sampling temperature of collection and evaluation (the paper's 0.7)."""
     sft_steps: int = 60
+    """SFT steps per iteration (``SFTConfig.max_steps``, also the cosine decay's horizon; 5
+    warm-up steps)."""
     sft_lr: float = 3e-4
+    """Peak learning rate of each iteration's fine-tune (cosine decay to 0.1 of it)."""
     sft_batch_size: int = 8
+    """Relabelled (prompt, expert program) pairs per SFT step."""
     verifier_epochs: int = 3
+    """Passes over the collected data when training each verifier (the Bradley-Terry one of
+    every iteration and the BCE one)."""
     verifier_max_len: int = 256
+    """Tokens per verifier input (problem statement + candidate), cut from the left so the
+    program's end survives; shorter is faster but drops more of the statement."""
     batch_size: int = 128
     """Sequences per ``generate`` call."""
     threads: int = 1
     """torch threads (1 is fastest for the 2M model on shared cores)."""
     policy: str = "tiny"
+    """Starting generator (``tiny`` or a local Hugging Face folder), loaded without a KL
+    reference; also the backbone of both verifiers."""
     out: str = str(RESULTS)
+    """Folder of ``mucode.md`` and ``mucode.json`` (default: the repository's ``docs/results``)."""
     run_root: str = "runs/experiments/mucode"
+    """Parent of the expert-iteration run folder ``<run_root>/expert_iteration`` (config,
+    metrics, episodes, per-iteration checkpoints)."""
 
 
 def _fits(policy, task, max_new_tokens: int) -> bool:

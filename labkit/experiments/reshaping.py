@@ -21,6 +21,8 @@ class Config(ExperimentConfig):
     """After training: the start policy and every run's final checkpoint on these many
     common held-out tasks, one sampling seed (:mod:`labkit.experiments.paired`); 0 = off."""
     paired_k: int = 4
+    """Samples per task for each run's final checkpoint in the paired evaluation, at T = 0.7;
+    more shrink each run's per-task noise at proportional cost."""
     paired_start_k: int = 24
     """Samples per task for the start policy, which every run is compared with: pooled over
     runs its noise would dominate at ``paired_k``."""

@@ -207,14 +207,29 @@ class EpisodeConfig:
     selector: str = "random"
     """``random``, ``public_tests``, ``verifier`` or ``public_then_verifier``."""
     temperature: float = 0.7
+    """Sampling temperature of the candidates: lower concentrates the N candidates on the
+    policy's likeliest programs, leaving Best-of-N less diversity to choose from."""
     top_p: float = 1.0
+    """Nucleus sampling of the candidates: keep the smallest set of tokens with this much
+    probability (1 = the whole distribution)."""
     max_new_tokens: int = 160
+    """Longest candidate completion in tokens; also reserved in the context: a turn's prompt
+    plus this must fit ``max_position_embeddings``, or the feedback is cut to its first line
+    and, failing that, the episode stops."""
     batch_size: int = 64
+    """Sequences per ``generate`` call (tasks x N are chunked to fit): memory against speed."""
     max_failures_shown: int = 3
+    """Failed public tests listed one per line in the feedback; the rest are summed up as
+    ``- ... and k more failed.``"""
     feedback_max_chars: int = 600
+    """Cap on a turn's whole feedback text in characters (each line is also cut at 160). Longer
+    feedback tells the model more but takes context from the next prompt."""
     gamma: float = 0.95
     """Discount of the step return-to-go in :func:`step_records`."""
     seed: int = 0
+    """Seeds the candidate sampling (derived per turn and call) and the ``random`` selector's
+    picks (derived per task, rollout, turn and selector): a run repeated with the same seed,
+    policy and tasks draws the same candidates and picks."""
 
     def validate(self) -> None:
         if self.turns < 1 or self.n_candidates < 1:

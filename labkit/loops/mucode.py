@@ -47,7 +47,11 @@ class MucodeTasks:
     source: str = "synthetic"
     """``synthetic`` or ``humaneval`` (bugs injected by :mod:`labkit.env.bugs`)."""
     train_problems: int = 64
+    """Training tasks: problems generated for ``synthetic`` (one buggy variant each); for other
+    sources, the first this many tasks of the train split."""
     eval_split: str = "test"
+    """Split of the held-out tasks: ``test`` (templates training never sees), ``val``, or
+    ``in_template`` (synthetic only)."""
     eval_tasks: int = 40
     """Held-out tasks for the end-of-iteration evaluation (0 = none)."""
     verifier_holdout: float = 0.2
@@ -60,23 +64,43 @@ class MucodeConfig:
     """A muCODE expert-iteration run (``python -m labkit mucode --config FILE.yaml``)."""
 
     run_dir: str = "runs/mucode"
+    """The run folder: ``config.json``, ``metrics.jsonl`` (a row per iteration),
+    ``eval.jsonl``, ``episodes.jsonl`` and ``checkpoints/iter_k/``. Not checked first: the
+    ``.jsonl`` files of an earlier run there are appended to."""
     seed: int = 0
+    """Seeds everything random: the task lists, the verifier hold-out split and, derived per
+    iteration, collection, verifier training, SFT and evaluation."""
     iterations: int = 2
+    """K: rounds of collect, train a verifier, relabel, fine-tune; 0 only evaluates the
+    starting generator."""
     rollouts_per_task: int = 4
     """Trajectories collected per training task and iteration (the paper: 15)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The generator: ``tiny`` or a local Hugging Face folder, LoRA if asked. Loaded without a
+    KL reference (``reference`` is forced to ``none``: SFT needs none)."""
     tasks: MucodeTasks = field(default_factory=MucodeTasks)
+    """Training and held-out tasks, and the share of training tasks held out of verifier
+    training."""
     collect: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(turns=3, n_candidates=1))
     """Collection rollouts: T turns, one candidate a turn, temperature 0.7 (the paper's)."""
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    """The verifier model and its training. A fresh one is trained every iteration on
+    everything collected so far (its ``seed`` is derived per iteration)."""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(
         lr=3e-4, batch_size=16, max_steps=80, warmup_steps=5, min_lr_ratio=0.1, log_every=10))
+    """The generator's fine-tune on the relabelled pairs of each iteration (its ``seed``
+    derived per iteration); the optimiser and schedule restart every iteration."""
     evaluate: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(
         turns=3, n_candidates=5, selector="public_then_verifier"))
     """Held-out evaluation after each iteration (and before the first): every selector in
     ``eval_selectors`` with these turns and candidates."""
     eval_selectors: tuple[str, ...] = ("random", "public_tests", "verifier", "public_then_verifier")
+    """Selectors run side by side at each evaluation, sharing candidates wherever their states
+    coincide; the verifier ones are skipped before the first iteration (no verifier yet)."""
     save_checkpoints: bool = True
+    """Write ``checkpoints/iter_k/`` after every iteration: the generator and tokenizer
+    (``save_pretrained``), ``verifier/verifier.pt`` and ``experts.json``. Off saves disk and
+    time but leaves no model to reload after the run."""
 
     def validate(self) -> None:
         if self.iterations < 0 or self.rollouts_per_task < 1:

@@ -149,25 +149,46 @@ class VerifierConfig:
     backbone: str = "tiny"
     """``"tiny"`` or a local Hugging Face folder (a causal LM, or a sequence classifier)."""
     kind: Literal["value_head", "seqcls"] = "value_head"
+    """``value_head``: the LM's backbone plus a zero-initialised linear head on the last
+    token's hidden state (any causal-LM folder, ``tiny`` included); ``seqcls``:
+    ``AutoModelForSequenceClassification`` with one label, for a folder holding a sequence
+    classifier (from a causal LM its ``score`` layer starts random)."""
     loss: str = "bt"
     """``bt`` (Bradley-Terry within tasks, the paper's better ranker) or ``bce``."""
     reg: float = 1e-3
     """``c`` in the Bradley-Terry term ``c (r_i^2 + r_j^2)``."""
     lora: bool = False
+    """Train LoRA adapters (peft) on the architecture's default targets (the attention
+    projections) instead of every backbone weight; the head always trains fully. Less memory on
+    a large backbone, less capacity."""
     lora_r: int = 8
+    """Rank of each LoRA adapter (``lora``)."""
     lora_alpha: int = 16
+    """LoRA scale: an adapter's update is multiplied by ``lora_alpha / lora_r``."""
     lr: float = 3e-4
+    """AdamW learning rate, constant for the whole training (no warm-up, no decay)."""
     weight_decay: float = 0.0
+    """AdamW decoupled weight decay, on every trainable parameter (the head included)."""
     epochs: int = 3
+    """Passes over the examples, batches reshuffled each pass. 0 trains nothing: a
+    ``value_head`` verifier then scores every candidate 0, so its selectors pick the first."""
     tasks_per_batch: int = 8
     """Tasks per batch; all of a task's candidates (up to ``max_per_task``) go together,
     so Bradley-Terry pairs exist in every batch."""
     max_per_task: int = 16
+    """At most this many of a task's candidates per batch (a random subset, redrawn each epoch;
+    the rest sit that pass out): bounds the batch size and the number of Bradley-Terry pairs,
+    which grows with its square."""
     max_len: int = 384
     """Tokens per (task, code) text, cut from the left so the program's end survives."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm of the trainable parameters to this before each step."""
     seed: int = 0
+    """Seeds the batch order, the candidate subsets and torch (the ``value_head`` head starts
+    at zero regardless); muCODE derives one per iteration."""
     device: str = "auto"
+    """``auto``: ``cuda`` when available, else ``cpu``; or a torch device string. The verifier
+    always runs in float32."""
 
     def validate(self) -> None:
         if self.loss not in VERIFIER_LOSSES:

@@ -31,11 +31,22 @@ class EvalConfig:
     """Held-out evaluation settings."""
 
     k: int = 8
+    """Samples per task: pass@1 is their mean pass rate, and pass@k is reported for k in {1, 2,
+    4, 8, 16, 32} up to this. More samples make pass@1 less noisy at k times the cost."""
     temperature: float = 0.7
+    """Sampling temperature of the k samples (``token_entropy`` is measured at it). Below 1
+    reads the policy's likelier behaviour: less noise, but more optimistic than the T = 1 that
+    RL samples at."""
     max_new_tokens: int = 320
+    """Longest completion in tokens; a fix cut off at this length usually fails its tests."""
     greedy: bool = True
+    """Also decode one near-greedy completion per task (T = 1e-4) for ``greedy_pass_at_1``: one
+    more sampling and sandbox pass."""
     batch_size: int = 64
+    """Sequences per sampling batch (tasks x k are chunked to fit)."""
     seed: int = 1234
+    """Sampling seed: fix it to evaluate different checkpoints on the same random numbers (a
+    paired comparison)."""
 
 
 def _run(policy, tasks, cfg: SamplingConfig, sandbox, progress):

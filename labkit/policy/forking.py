@@ -68,6 +68,8 @@ class ForkConfig:
     batch_size: int = 64
     """Forks per ``generate`` call, and parents per baseline or cache-building forward."""
     seed: int = 0
+    """Seeds the baseline's choice of alternatives and the continuations' sampling.
+    :meth:`from_sampling` copies the parents' seed unless overridden."""
 
     @classmethod
     def from_sampling(cls, sampling: SamplingConfig, **overrides) -> ForkConfig:
@@ -162,6 +164,8 @@ class PositionConfig:
     """At most this many forks per rollout (``k = min(k, budget)``): bounds the cost of long
     completions, at the price of sampling them more sparsely."""
     seed: int = 0
+    """Seeds the position draws: each rollout ``(task_id, sample)`` draws from its own stream
+    of it, so positions do not depend on batch order (``entropy`` ignores it)."""
 
 
 def fork_count(n_tokens: int, fraction: float, budget: int) -> int:

@@ -51,6 +51,9 @@ class SamplingConfig:
     ``generate`` halves the sampling speed of a small model, and :func:`extract_code` cuts
     a completion at a new ``###`` section anyway."""
     seed: int = 0
+    """``torch.manual_seed`` before sampling: the same seed, model and tasks give the same
+    completions. The trainer replaces it every step with one derived from
+    ``(TrainConfig.seed, step)``."""
     engine: Literal["lean", "loop", "generate"] = "lean"
     """``lean``: labkit's decode loop (:func:`decode`) with :class:`~labkit.policy.lean.LeanStep`
     computing each new token from the model's modules (Llama-family models; others fall

@@ -21,20 +21,35 @@ class SFTConfig:
     """Supervised fine-tuning settings."""
 
     lr: float = 2e-3
+    """Peak AdamW learning rate (betas 0.9, 0.95), reached after ``warmup_steps`` and decayed
+    by cosine to ``min_lr_ratio * lr``. 2e-3 suits training the tiny model from scratch;
+    fine-tuning a trained model wants less (muCODE uses 3e-4)."""
     weight_decay: float = 0.01
+    """AdamW decoupled weight decay on matrices only (embeddings, projections); biases and
+    norms get none."""
     batch_size: int = 32
+    """(prompt, completion) pairs per step. Batches are length-bucketed (similar lengths
+    together) to save padding."""
     max_steps: int = 100_000
+    """Steps to train (unless :func:`train_sft` gets ``total_steps``) and, without a time
+    budget, the horizon of the cosine decay."""
     time_budget_s: float = 0.0
     """Stop after this many seconds (0 = no limit). With a budget (and no explicit
     ``total_steps``) the cosine decay runs over wall-clock time instead of steps, so the
     whole budget is used whatever the machine's speed."""
     warmup_steps: int = 50
+    """Steps of linear warm-up from ``lr / warmup_steps`` to ``lr`` (0 = none)."""
     min_lr_ratio: float = 0.1
+    """Floor of the cosine decay, as a share of ``lr``."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm to this before each optimiser step."""
     max_len: int = 640
     """Pairs longer than this many tokens are dropped (and counted)."""
     log_every: int = 50
+    """Every N steps, log the mean loss of the last N steps, the learning rate and the elapsed
+    seconds (``history`` and ``on_log``)."""
     seed: int = 0
+    """Seeds the batch order and torch."""
 
 
 def tokenize_pairs(tokenizer, pairs: Sequence[tuple[str, str]], max_len: int) -> tuple[list, int]:

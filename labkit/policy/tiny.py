@@ -19,14 +19,31 @@ class TinyModelConfig:
     """Shape of the tiny Llama-style model (defaults: about 2-3M parameters)."""
 
     vocab_size: int = 1024
+    """BPE vocabulary size for code that trains a tokenizer from this config
+    (``labkit.bench.rollout``). :func:`init_model` sizes the embeddings by ``len(tokenizer)``
+    instead, so the model always matches its tokenizer."""
     hidden_size: int = 192
+    """Width d of the residual stream and the embeddings; the per-head width is
+    ``hidden_size / num_attention_heads`` (32 at the defaults). Parameters grow with d squared."""
     intermediate_size: int = 512
+    """Width of each SwiGLU MLP (``3 x hidden_size x intermediate_size`` weights per layer)."""
     num_hidden_layers: int = 4
+    """Transformer blocks, about ``4 d^2 + 3 d x intermediate_size`` weights each (0.44M at the
+    defaults); depth adds cost per generated token."""
     num_attention_heads: int = 6
+    """Query heads; must divide ``hidden_size``."""
     num_key_value_heads: int = 6
+    """Key/value heads; fewer than ``num_attention_heads`` (which it must divide) is
+    grouped-query attention: a smaller KV cache for sampling and forking, at some quality."""
     max_position_embeddings: int = 768
+    """Longest sequence (prompt + completion) in tokens. The lab treats it as the context limit
+    (multi-turn episodes, which HumanEval tasks fit); at 768 many HumanEval prompts do not."""
     rope_theta: float = 10000.0
+    """Base of the rotary position frequencies; larger rotates more slowly, for longer
+    contexts."""
     tie_word_embeddings: bool = True
+    """Share the input embedding with the LM head: saves ``vocab x hidden_size`` parameters
+    (about 0.2M of the 2M)."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024):
