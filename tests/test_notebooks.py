@@ -240,6 +240,12 @@ def check_05(n):
     assert n["didpo_anchor_count_mean"] is not None and n["didpo_anchor_count_mean"] >= 0
     assert n["replay_points"] == 1 and n["dashboard_points"] == 1  # the last run: 1 step
     assert n["inspector_rows"] >= 1
+    assert n["train_tasks"] == 2 and set(n["r_test_first"]) == set(methods)
+    assert all(_between(v, 0, 1) for v in {**n["r_test_first"], **n["r_test_last"]}.values())
+    # the methods' records are not identical: same samples at step 1, other credit / reward
+    # same samples at step 1, so DiDPO's tokens differ from GRPO's exactly where A_D is not 0
+    assert (n["credit_spread_step1"]["didpo vs grpo"] > 0) == (n["didpo_ad_nonzero_step1"] > 0)
+    assert n["step1_rewards_differ"]["grpo vs reshaped"] is True
 
 
 def check_06(n):

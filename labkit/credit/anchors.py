@@ -455,6 +455,8 @@ def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_di
         "anchors/mean_gs": sum(a.gs for a in every) / len(every) if every else 0.0,
         "anchors/token_coverage": ((covered & inp.mask.bool()).sum()
                                    / inp.mask.sum().clamp(min=1)).item(),
+        "anchors/ad_nonzero_frac": (((a_d != 0) & inp.mask.bool()).sum()
+                                    / inp.mask.sum().clamp(min=1)).item(),
         "anchors/build_s": build_s,
     })
     return adv, metrics
