@@ -28,7 +28,7 @@ def test_one_seed_rows_print_no_interval():
 
 
 def test_unknown_experiment_is_named():
-    with pytest.raises(ValueError, match="unknown experiment 'nope'; available: reshaping"):
+    with pytest.raises(ValueError, match="unknown experiment .nope.; available: learning, reshaping"):
         load("nope")
 
 
@@ -212,3 +212,24 @@ def test_paired_section_pools_seeds_per_task_from_cached_evaluations(tmp_path):
     assert pooled["mean"] == pytest.approx(0.125) and pooled["improved"] == 3
     assert results["paired"]["methods"]["raw_grpo"]["seeds"]["0"]["mean"] == pytest.approx(1 / 6)
     assert any("mean of seeds" in line and "+0.1250" in line for line in lines)
+
+
+def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
+    """One seed, one step, paired evaluation on 2 tasks: the results file has the setting,
+    the seeds and a paired change whose interval is over seeds (none for one seed)."""
+    sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
+            "eval_k=1", "train_problems=6", "paired_tasks=2", "paired_k=1", "paired_start_k=2",
+            f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "learning"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads((tmp_path / "learning.json").read_text())
+    assert res["setting"]["split"] == "test" and res["setting"]["feedback"] == "dense"
+    assert res["seeds"] == [0]
+    change = res["methods"]["grpo"]["paired_change"]
+    assert change["over"] == "seeds" and change["ci95"] is None and change["tasks"] == 2
+    seed = res["methods"]["grpo"]["seeds"][0]
+    assert change["per_seed"]["0"] == pytest.approx(seed["paired"]["end_pass_at_1"]
+                                                   - res["paired"]["start_pass_at_1"])
+    md = (tmp_path / "learning.md").read_text()
+    assert "one seed: no interval" in md and "Paired held-out change" in md

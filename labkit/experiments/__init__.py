@@ -19,7 +19,7 @@ from pathlib import Path
 from labkit.config import from_dict, to_dict, to_record
 from labkit.loops.trainer import Trainer, TrainConfig
 
-EXPERIMENTS = ("reshaping", "didpo", "credit", "mucode")
+EXPERIMENTS = ("learning", "reshaping", "didpo", "credit", "mucode")
 """Experiment modules under ``labkit.experiments`` (each defines ``Config`` and ``run``)."""
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -52,10 +52,31 @@ class ExperimentConfig:
     """Shared budget of an experiment (every method gets the same)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
-    """Training seeds; every method trains once per seed (``TrainConfig.seed``). The seed also
-    draws each run's training and held-out tasks (``tasks.seed`` is left unset), so the 95%
-    interval over seeds covers the task sample as well as training noise; a single seed gives no
-    interval."""
+    """Training seeds; every method trains once per seed (``TrainConfig.seed``: sampling,
+    task order). The tasks themselves come from ``task_seed``, the same for every run, so runs
+    are compared paired; the 95% interval over seeds covers training noise. A single seed
+    gives no interval."""
+    task_seed: int = 0
+    """Seed of the training and held-out task lists (``tasks.seed``), fixed across seeds and
+    methods: every run trains on the same problems and is evaluated on the same tasks."""
+    split: str = "test"
+    """Held-out split evaluated on: ``test`` (templates training never saw), ``val``, or
+    ``in_template`` (new instances of training templates)."""
+    feedback: str = "dense"
+    """Feedback regime of training (``feedback.mode``): dense, binary, public, noisy, coarse."""
+    n_bugs: int = 1
+    """Bugs per task (train and held-out); with 2-3, ``multi_hunk`` picks separable ones."""
+    multi_hunk: bool = False
+    """Only tasks whose bugs are separate, separately tested hunks (``tasks.multi_hunk``)."""
+    paired_tasks: int = 200
+    """After training: the start policy and every run's final checkpoint on these many
+    held-out tasks of ``split``, one sampling seed (``labkit.experiments.paired``); the
+    per-task changes give each seed's paired change. 0 = off."""
+    paired_k: int = 4
+    """Samples per task for each run's checkpoint in the paired evaluation (T = 0.7)."""
+    paired_start_k: int = 16
+    """Samples per task for the start policy, which every run is compared with (its noise
+    would otherwise enter every seed's change alike)."""
     steps: int = 40
     """Policy updates per run (``TrainConfig.steps``); a checkpoint every
     ``max(1, steps // 3)``. The learning rate is constant without warm-up, which lets an
@@ -106,8 +127,10 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
         "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
         "policy": {"spec": exp.policy, "reference": "auto"},
         "sampling": {"group_size": exp.group_size, "temperature": 1.0, "max_new_tokens": 320},
-        "tasks": {"source": "synthetic", "train_problems": exp.train_problems, "eval_split": "test",
-                  "eval_tasks": exp.eval_tasks},
+        "tasks": {"source": "synthetic", "train_problems": exp.train_problems, "eval_split": exp.split,
+                  "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
+                  "multi_hunk": exp.multi_hunk},
+        "feedback": {"mode": exp.feedback},
         "loss": {"kl_coef": 0.01, "micro_batch_size": 32},
         "optim": {"lr": exp.lr},
         "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
@@ -154,7 +177,70 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
         results["methods"][method] = summarise_method(per_seed)
+    results["setting"] = setting(exp)
+    results["seeds"] = list(exp.seeds)
     return results
+
+
+def setting(exp: ExperimentConfig) -> dict:
+    """What every results file says first: split, feedback regime, model, budget, seeds."""
+    return {"split": exp.split, "feedback": exp.feedback, "model": exp.policy,
+            "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
+            "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
+            "task_seed": exp.task_seed, "seeds": list(exp.seeds),
+            "paired": {"tasks": exp.paired_tasks, "k": exp.paired_k, "start_k": exp.paired_start_k,
+                       "temperature": 0.7}}
+
+
+def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None = None) -> dict:
+    """Paired evaluation of every run of ``results`` (start vs final checkpoint, the same
+    ``exp.paired_tasks`` held-out tasks and sampling seed); each method gets its
+    ``paired_change`` (:func:`labkit.experiments.stats.paired_change`: the interval is over
+    seeds). Returns the raw paired evaluation (also stored under ``results["paired"]``)."""
+    from labkit.experiments import stats
+    from labkit.experiments.paired import held_out_tasks, paired_eval
+
+    methods = methods or list(results["methods"])
+    tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk)
+    dirs = [s["run_dir"] for m in methods for s in results["methods"][m]["seeds"]]
+    pe = paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
+    start = pe["start_per_task"]
+    for m in methods:
+        r = results["methods"][m]
+        per_seed = {}
+        for s in r["seeds"]:
+            run = pe["runs"][str(s["run_dir"])]
+            per_seed[s["seed"]] = [e - b for b, e in zip(start, run["end_per_task"])]
+            s["paired"] = {"end_pass_at_1": run["end_pass_at_1"], "change": run["mean"],
+                           "task_ci95": run["ci95"]}
+        r["paired_change"] = stats.paired_change(per_seed)
+        r["paired_start_pass_at_1"] = pe["start_pass_at_1"]
+    results["paired"] = {"tasks": pe["tasks"], "k": pe["k"], "start_k": pe["start_k"],
+                         "start_pass_at_1": pe["start_pass_at_1"]}
+    return pe
+
+
+def paired_lines(results: dict) -> list[str]:
+    """The report's headline table: each method's paired change with its interval over seeds
+    (and, labelled, the hierarchical and task-only bootstraps)."""
+    from labkit.experiments.stats import describe
+
+    p = results.get("paired")
+    if not p:
+        return []
+    lines = ["", f"## Paired held-out change ({p['tasks']} tasks of `{results['setting']['split']}`, "
+             f"start {p['start_pass_at_1']:.3f} with {p['start_k']} samples per task, each run's "
+             f"final checkpoint with {p['k']}, T = 0.7, one sampling seed)", "",
+             "| method | paired change, 95% CI over seeds | per seed | hierarchical bootstrap | "
+             "task-only bootstrap |", "|---|---|---|---|---|"]
+    for m, r in results["methods"].items():
+        c = r.get("paired_change")
+        if not c:
+            continue
+        h, t = c["hierarchical_ci95"], c["task_bootstrap_ci95"]
+        lines.append(f"| {m} | {describe(c)} | {', '.join(f'{v:+.3f}' for v in c['per_seed'].values())} | "
+                     + (f"[{h[0]:+.3f}, {h[1]:+.3f}]" if h else "n/a") + f" | [{t[0]:+.3f}, {t[1]:+.3f}] |")
+    return lines + [""]
 
 
 def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
@@ -258,7 +344,10 @@ def write_report(results: dict, out_dir: str | Path, title: str, notes: str = ""
     out.mkdir(parents=True, exist_ok=True)
     name = results["experiment"]
     (out / f"{name}.json").write_text(json.dumps(results, indent=2))
-    lines = [f"# {title}", "", notes, "",
+    lines = [f"# {title}", "", notes, "", "## Periodic held-out evaluation during training", "",
+             f"Each run's own readings ({results['config'].get('eval_tasks')} tasks x "
+             f"{results['config'].get('eval_k')} samples at every evaluation); the interval is a "
+             "t-interval over seeds of end - start.", "",
              "| method | held-out pass@1 start | end | end - start (95% CI) | s/step | wall per run (s) |",
              "|---|---|---|---|---|---|"]
     for m, r in results["methods"].items():
@@ -270,6 +359,7 @@ def write_report(results: dict, out_dir: str | Path, title: str, notes: str = ""
         for sd in r["seeds"]:
             lines.append(f"| {m} | {sd['seed']} | {sd['pass_at_1_start']:.3f} | {sd['pass_at_1_end']:.3f} | "
                          f"{sd['train_reward_first']:.3f} -> {sd['train_reward_last']:.3f} |")
+    lines = lines[:4] + paired_lines(results) + lines[4:]  # the paired change leads
     lines += extra or []
     fig_html, fig_png = _figure(results, out, name)
     lines += ["", f"Figure: [{fig_html.name}]({fig_html.name})" + (f", ![pass@1 vs step]({fig_png.name})" if fig_png else ""), ""]

@@ -54,10 +54,23 @@ def policy_at(run_dir: str | Path, step: int | None = None):
     return policy
 
 
-def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, seed: int = 0,
-                eval_seed: int = 4321, start_k: int | None = None) -> dict:
+def held_out_tasks(n_tasks: int, split: str = "test", seed: int = 0, n_bugs: int = 1,
+                   multi_hunk: bool = False) -> list:
+    """The first ``n_tasks`` synthetic tasks of ``split`` (one buggy variant per problem), the
+    same list for every run compared on them."""
+    from labkit.env.tasks import load_tasks
+
+    problems = n_tasks * (4 if multi_hunk else 1)  # multi-hunk: about 40% of problems give one
+    return load_tasks("synthetic", split=split, n=problems, seed=seed, n_bugs=n_bugs,
+                      multi_hunk=multi_hunk)[:n_tasks]
+
+
+def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: int = 4,
+                seed: int = 0, eval_seed: int = 4321, start_k: int | None = None,
+                temperature: float = 0.7) -> dict:
     """Evaluate the start policy (of the first run) and every run's final checkpoint on the
-    same ``n_tasks`` synthetic test tasks, ``k`` samples each at T = 0.7, one sampling seed.
+    same ``tasks`` (a list, or a number of synthetic test tasks of ``seed``), ``k`` samples
+    each at ``temperature``, one sampling seed.
 
     ``start_k`` (default ``k``): samples per task for the start policy. Every run is compared
     with the same start measurement, so when several runs are pooled the start's sampling
@@ -65,15 +78,16 @@ def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, 
     of means stays unbiased).
 
     Results are kept in ``<run>/paired.json`` (the run's per-task results, and the start's
-    per ``start_k``) and reused when the tasks, ``k`` and seed match, so a report can be
-    rebuilt without evaluating again."""
+    per ``start_k``) and reused when the tasks, ``k``, temperature and seed match, so a
+    report can be rebuilt without evaluating again."""
     from labkit.env.sandbox import Sandbox
-    from labkit.env.tasks import load_tasks
     from labkit.policy.evaluate import EvalConfig, evaluate
 
     start_k = start_k or k
-    tasks = load_tasks("synthetic", split="test", n=n_tasks, seed=seed)[:n_tasks]
-    key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "task_ids": [t.task_id for t in tasks]}
+    if isinstance(tasks, int):
+        tasks = held_out_tasks(tasks, seed=seed)
+    key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "temperature": temperature,
+           "task_ids": [t.task_id for t in tasks]}
     skey = "start_per_task" if start_k == k else f"start_per_task_k{start_k}"
     cached = {}
     for d in run_dirs:
@@ -81,7 +95,7 @@ def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, 
             c = json.loads((Path(d) / "paired.json").read_text())
         except (OSError, ValueError):
             continue
-        if all(c.get(x) == v for x, v in key.items()):
+        if all(c.get(x, 0.7 if x == "temperature" else None) == v for x, v in key.items()):
             cached[str(d)] = c
     per = lambda rep: [p["pass_at_1"] for p in rep["per_task"]]  # noqa: E731
     out = {**key, "start_k": start_k, "runs": {}}
@@ -89,11 +103,11 @@ def paired_eval(run_dirs: Sequence[str | Path], n_tasks: int = 400, k: int = 4, 
         start = next((c[skey] for c in cached.values() if skey in c), None)
         if start is None:
             start = per(evaluate(policy_at(run_dirs[0], 0), tasks,
-                                 EvalConfig(k=start_k, temperature=0.7, greedy=False, seed=eval_seed),
-                                 sandbox=sandbox))
+                                 EvalConfig(k=start_k, temperature=temperature, greedy=False,
+                                            seed=eval_seed), sandbox=sandbox))
         out["start_per_task"] = start
         out["start_pass_at_1"] = statistics.fmean(start)
-        ecfg = EvalConfig(k=k, temperature=0.7, greedy=False, seed=eval_seed)
+        ecfg = EvalConfig(k=k, temperature=temperature, greedy=False, seed=eval_seed)
         for d in run_dirs:
             c = cached.get(str(d), {**key})
             if "end_per_task" not in c:
