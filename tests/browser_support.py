@@ -30,8 +30,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
-NO_CHROMIUM = (f"{CHROMIUM} not found: the browser tests need Debian's Chromium. Run `.ci/run` "
-               "(CI installs it) or `apt-get install -y chromium` (as root).")
+NO_CHROMIUM = (f"{CHROMIUM} not found: the browser tests need Debian's Chromium. Run `make test` "
+               "(it installs it through .ci/ensure-chromium) or `apt-get install -y chromium` (as root).")
 KERNEL_IDLE = "(ipykernel) | Idle"
 
 # Settings a fresh user-settings folder starts with: no news or update checks (there is no

@@ -52,8 +52,9 @@ from labkit.env.records import Candidate, RepairTask, SandboxResult, Status
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
-# priced by ``r_compile`` and reported as its own rate (``compile/syntax_error``).
-NOT_HACK_FLAGS = frozenset({"bare_except", "syntax_error"})
+# priced by ``r_compile`` and reported as its own rate (``compile/syntax_error``); code over
+# the sandbox's ``max_code_bytes`` is graded an error without being parsed (``too_large``).
+NOT_HACK_FLAGS = frozenset({"bare_except", "syntax_error", "too_large"})
 
 
 # ----------------------------------------------------------------------------- config

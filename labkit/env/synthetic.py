@@ -204,6 +204,9 @@ class _Abstract(ast.NodeTransformer):
     """Abstract a function's code to its template: the name, every literal and the direction
     and strictness of every comparison go; the structure stays."""
 
+    def __init__(self, skeleton: bool = False):
+        self.skeleton = skeleton
+
     _SAME = {ast.Gt: ast.Lt, ast.GtE: ast.Lt, ast.LtE: ast.Lt, ast.NotEq: ast.Eq, ast.IsNot: ast.Is,
              ast.NotIn: ast.In}
 
@@ -222,34 +225,48 @@ class _Abstract(ast.NodeTransformer):
         self.generic_visit(node)
         return node
 
+    def visit_If(self, node: ast.If) -> ast.AST:
+        self.generic_visit(node)
+        if self.skeleton:  # the skeleton drops what a branch tests, too
+            node.test = ast.Name(id="COND", ctx=ast.Load())
+        return node
+
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         self.generic_visit(node)
         node.ops = [self._SAME.get(type(op), type(op))() for op in node.ops]
         return node
 
 
-def template_of(draft: _Draft) -> str:
+def template_of(draft: _Draft, skeleton: bool = False) -> str:
     """``family/<hash>`` of the draft's code with canonical names, then abstracted: the function
     name, literals (``3``, ``-5``, ``"aeiou"`` all become their type) and comparison direction
     (``>``, ``>=``, ``<``, ``<=`` one operator; ``==`` / ``!=`` one; ``in`` / ``not in`` one) are
-    dropped. Equal templates mean the same code shape over other constants."""
+    dropped. Equal templates mean the same code shape over other constants.
+
+    ``skeleton=True`` also drops what every ``if`` tests: the loop-and-branch shape that
+    templates differing only in their conditions share (``product of evens`` and ``product of
+    numbers above c`` have one skeleton)."""
     code, roles, _ = _identify(draft)
-    tree = _Abstract().visit(ast.parse(code.substitute({r: VOCAB[r][0] for r in roles})))
+    tree = _Abstract(skeleton).visit(ast.parse(code.substitute({r: VOCAB[r][0] for r in roles})))
     digest = hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-    return f"{draft.family}/{digest[:10]}"
+    return f"{draft.family}/{'s' if skeleton else ''}{digest[:10]}"
 
 
 @functools.lru_cache(maxsize=None)
-def family_templates(family: str, draws: int = 3_000) -> tuple[tuple[str, int], ...]:
-    """The templates of ``family`` with how often each came up in ``draws`` drafts of a fixed
-    stream (most frequent first, then by id). Drafting is cheap, so the census is exact for
-    every template with a non-negligible chance; the split assigns templates from it."""
+def family_templates(family: str, draws: int = 3_000) -> tuple[tuple[str, int, str], ...]:
+    """The templates of ``family``: ``(template, count, skeleton)`` with how often each came up
+    in ``draws`` drafts of a fixed stream (most frequent first, then by id). Drafting is cheap,
+    so the census is exact for every template with a non-negligible chance; the split assigns
+    templates from it."""
     rng = random.Random(f"labkit.synthetic.templates:{family}")
     counts: dict[str, int] = {}
+    skeletons: dict[str, str] = {}
     for _ in range(draws):
-        t = template_of(FAMILIES[family].draft(rng))
+        draft = FAMILIES[family].draft(rng)
+        t = template_of(draft)
         counts[t] = counts.get(t, 0) + 1
-    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        skeletons.setdefault(t, template_of(draft, skeleton=True))
+    return tuple((t, c, skeletons[t]) for t, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _realise(draft: _Draft, template: Template, roles: list[str],

@@ -28,6 +28,7 @@ every parameter and by a hash of the code that builds them::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -91,10 +92,16 @@ def template_split(template: str, seed: int = 0,
                    fractions: Sequence[float] = TEMPLATE_FRACTIONS) -> Split:
     """The split of a synthetic template (``family/<hash>``).
 
-    Per family the templates of its census (:func:`labkit.env.synthetic.family_templates`) are
-    ordered by a hash of ``(seed, template)``; the first ``max(1, round(f_test * n))`` go to
-    ``test``, the next ``round(f_val * n)`` to ``val``, the rest to ``train``. A template the
-    census never met (vanishingly rare) falls back to :func:`split_of` on its id."""
+    Held-out templates are *recombinations*: a template is held out only where training
+    keeps another template of the same skeleton (the loop-and-branch shape,
+    :func:`labkit.env.synthetic.template_of` with ``skeleton=True``), so a held-out problem
+    asks for a condition and a shape training has seen, never together. Per family the
+    eligible templates (skeletons with two or more) are ordered by a hash of
+    ``(seed, template)`` and taken in turn, skipping any whose skeleton would lose its last
+    training template: ``round(f_test * n)`` (at least one) for ``test``, then
+    ``round(f_val * n)`` for ``val``, ``n`` the family's templates; the rest train. A
+    template the census never met (vanishingly rare) falls back to :func:`split_of` on its
+    id."""
     return _template_splits(seed, tuple(_check_fractions(fractions))).get(
         template) or split_of(template, seed, fractions)
 
@@ -103,12 +110,22 @@ def template_split(template: str, seed: int = 0,
 def _template_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
     out: dict[str, Split] = {}
     for family in synthetic.FAMILIES:
-        names = sorted((t for t, _ in synthetic.family_templates(family)),
-                       key=lambda t: hashlib.sha256(f"labkit-template:{seed}:{t}".encode()).digest())
-        n_test = max(1, round(fractions[2] * len(names))) if fractions[2] > 0 else 0
-        n_val = round(fractions[1] * len(names))
-        for i, t in enumerate(names):
-            out[t] = Split.TEST if i < n_test else Split.VAL if i < n_test + n_val else Split.TRAIN
+        census = synthetic.family_templates(family)
+        left = collections.Counter(sk for _, _, sk in census)  # training templates per skeleton
+        order = sorted(census, key=lambda row: hashlib.sha256(
+            f"labkit-template:{seed}:{row[0]}".encode()).digest())
+        n_test = max(1, round(fractions[2] * len(census))) if fractions[2] > 0 else 0
+        n_val = round(fractions[1] * len(census))
+        for t, _, _ in census:
+            out[t] = Split.TRAIN
+        for split, want in ((Split.TEST, n_test), (Split.VAL, n_val)):
+            for t, _, sk in order:
+                if want == 0:
+                    break
+                if out[t] == Split.TRAIN and left[sk] >= 2:
+                    out[t] = split
+                    left[sk] -= 1
+                    want -= 1
     return out
 
 
