@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-_REGISTRY: dict[str, str] = {}  # name -> "module:function"
+from labkit.registry import Registry
+
+_REGISTRY: Registry[str] = Registry("benchmark", same=str.__eq__)  # name -> "module:function"
 
 
 def register(name: str, target: str) -> None:
@@ -18,14 +20,12 @@ def register(name: str, target: str) -> None:
 
     Registering a different target under a taken name is an error; the same one is a no-op.
     """
-    if _REGISTRY.get(name, target) != target:
-        raise ValueError(f"benchmark {name!r} is already registered as {_REGISTRY[name]!r}")
-    _REGISTRY[name] = target
+    _REGISTRY.add(name, target)
 
 
 def names() -> list[str]:
     """The registered benchmark names, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def resolve(name: str) -> Callable[[list[str]], int]:

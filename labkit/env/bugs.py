@@ -47,6 +47,7 @@ import libcst as cst
 from libcst import metadata as md
 
 from labkit.env.records import BugKind, BugSpan, Candidate, SandboxResult, Status, TestSuite
+from labkit.registry import Registry
 from labkit.seeding import derive_seed
 
 Runner = Callable[[Sequence[Candidate]], list[SandboxResult]]
@@ -430,7 +431,7 @@ class Operator:
         return _mutate(solution, self, sites[index])
 
 
-OPERATORS: dict[str, Operator] = {}
+OPERATORS: Registry[Operator] = Registry("bug operator", same=lambda old, new: old.find is new.find)
 """All operators by name, in registration order (the order every listing uses)."""
 
 
@@ -441,11 +442,9 @@ def register(
     an error. The first paragraph of the finder's docstring is the operator's summary."""
 
     def add(find: SiteFinder) -> SiteFinder:
-        taken = OPERATORS.get(name)
-        if taken is not None and taken.find is not find:
-            raise ValueError(f"operator {name!r} is already registered ({taken.find.__qualname__})")
         summary = " ".join((find.__doc__ or "").split("\n\n")[0].split())
-        OPERATORS[name] = Operator(name, BugKind(kind), find, syntax, summary)
+        OPERATORS.add(name, Operator(name, BugKind(kind), find, syntax, summary),
+                      kind=BugKind(kind).value, syntax=syntax)
         return find
 
     return add

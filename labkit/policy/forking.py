@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from labkit.env.edits import Hunk, hunk_char_span, revert_hunks, split_hunks  # noqa: F401 (re-exported)
 from labkit.env.records import Candidate, RepairTask, SandboxResult
+from labkit.registry import Registry
 from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
 from labkit.seeding import derive_seed
@@ -104,20 +105,12 @@ class PositionInputs:
 
 
 PositionFn = Callable[[Rollout, int, random.Random, PositionInputs], list[int]]
-POSITION_STRATEGIES: dict[str, PositionFn] = {}
+POSITION_STRATEGIES: Registry[PositionFn] = Registry("position strategy")
 
 
 def register_positions(name: str | PositionStrategy) -> Callable[[PositionFn], PositionFn]:
     """Register ``fn(rollout, k, rng, inputs) -> sorted distinct positions (at most k)``."""
-    key = name.value if isinstance(name, PositionStrategy) else name
-
-    def add(fn: PositionFn) -> PositionFn:
-        if POSITION_STRATEGIES.get(key, fn) is not fn:
-            raise ValueError(f"position strategy {key!r} is already registered")
-        POSITION_STRATEGIES[key] = fn
-        return fn
-
-    return add
+    return POSITION_STRATEGIES.register(name.value if isinstance(name, PositionStrategy) else name)
 
 
 @register_positions(PositionStrategy.UNIFORM)

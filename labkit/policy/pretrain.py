@@ -54,6 +54,10 @@ class PretrainConfig:
     eval_humaneval_tasks: int = 0
     """0 = every bug-injected HumanEval test-split task."""
     eval_k: int = 8
+    snapshot_every: int = 0
+    """Also save the model every N SFT steps under ``out/snapshots/step_N`` (0 = never): one
+    run then shows how held-out quality moves with training length (mid-schedule snapshots:
+    their learning rate had not decayed yet)."""
     eval_temperature: float = 1.0
     """The RL sampling temperature: the starting policy is measured where RL will sample it."""
 
@@ -147,7 +151,11 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     print(f"tokenizer: {len(tok)} tokens; model: {n_params:,} parameters", flush=True)
 
     # -- SFT ----------------------------------------------------------------------------
-    sft = train_sft(model, tok, pairs, cfg.sft)
+    def snapshot(rec: dict) -> None:
+        if cfg.snapshot_every and rec["step"] % cfg.snapshot_every == 0 and rec["step"] < cfg.sft.max_steps:
+            tiny.save(model, tok, Path(cfg.out) / "snapshots" / f"step_{rec['step']:06d}")
+
+    sft = train_sft(model, tok, pairs, cfg.sft, on_log=snapshot)
     timings["sft_s"] = sft["seconds"]
     out = tiny.save(model, tok, cfg.out)
 
