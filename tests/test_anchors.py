@@ -37,11 +37,11 @@ def estimate(name: str, buggy: str, rollouts, rewards, **opts):
     T = max(r.n_tokens for r in rollouts)
     mask = torch.tensor([[1.0] * r.n_tokens + [0.0] * (T - r.n_tokens) for r in rollouts],
                         dtype=torch.float64)
-    extra = {"rollouts": rollouts, "tasks": [task(buggy)] * len(rollouts)}
     r = torch.tensor(rewards, dtype=torch.float64)
-    inp = AdvantageInput(r, ["t"] * len(rollouts), mask, extra)
-    adv, metrics = compute_advantages(name, inp, **opts)
-    return adv, metrics, extra.get("anchors", {}).get("t", [])
+    inp = AdvantageInput(r, ["t"] * len(rollouts), mask, rollouts=rollouts,
+                         tasks=[task(buggy)] * len(rollouts))
+    out = compute_advantages(name, inp, **opts)
+    return out.advantages, out.metrics, out.artifacts.get("anchors", {}).get("t", [])
 
 
 def grpo_by_hand(rewards):

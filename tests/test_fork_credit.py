@@ -10,9 +10,9 @@ import torch
 
 from conftest import toy_tasks
 from labkit.credit.advantages import AdvantageInput, compute_advantages, grpo
-from labkit.credit.fork_credit import (ForkCreditConfig, assign_to_tokens, didpo_fork, fork_sites,
-                                       hunk_tokens, needs_forks, normalise_deltas,
-                                       spread_over_hunks)
+from labkit.credit.fork_credit import (assign_to_tokens, didpo_fork, fork_sites, hunk_tokens,
+                                       needs_forks, normalise_deltas, spread_over_hunks)
+from labkit.loops.forks import ForkCreditConfig
 from labkit.env.records import SandboxResult, Status
 from labkit.experiments.credit import (agreement, average_ranks, hunk_credit, sign_agreement,
                                        spearman)
@@ -39,12 +39,12 @@ def test_normalise_deltas_golden():
 
 def test_fork_sites_and_assignment_golden():
     sites = fork_sites([0, 0, 1], [1, 1, 3], [1.0, 1.0, 0.0], [-1.0, -3.0, 1.0])
-    assert sites["dr"].tolist() == [2.0, 4.0, -1.0]
-    a, hit = assign_to_tokens(sites["dr"], sites["row"], sites["t"], (2, 4))
+    assert sites.dr.tolist() == [2.0, 4.0, -1.0] and len(sites) == 3
+    a, hit = assign_to_tokens(sites.dr, sites.row, sites.t, (2, 4))
     assert a.tolist() == [[0, 3, 0, 0], [0, 0, 0, -1]]  # two forks of one token average
     assert hit.tolist() == [[False, True, False, False], [False, False, False, True]]
     with pytest.raises(ValueError, match="outside"):
-        assign_to_tokens(sites["dr"], sites["row"], sites["t"], (2, 3))
+        assign_to_tokens(sites.dr, sites.row, sites.t, (2, 3))
     with pytest.raises(ValueError, match="one entry a fork"):
         fork_sites([0], [1, 2], [1.0], [0.0])
 
@@ -69,10 +69,9 @@ def _flat(rows):
     return [x for row in rows for x in row]
 
 
-def _inp(rewards, groups, T, forks, **extra):
+def _inp(rewards, groups, T, forks):
     return AdvantageInput(torch.tensor(rewards, dtype=torch.float64), groups,
-                          torch.ones(len(rewards), T, dtype=torch.float64),
-                          extra={"forks": forks, **extra})
+                          torch.ones(len(rewards), T, dtype=torch.float64), forks=forks)
 
 
 def test_didpo_fork_golden_and_lambda_switch():
@@ -95,12 +94,12 @@ def test_didpo_fork_golden_and_lambda_switch():
     assert _flat(local.tolist()) == pytest.approx(
         _flat([[0, 1.264911, 0], [0, 0, 0], [-0.632456, 0, 0], [0, 0, 0]]), abs=1e-5)
     # spread over a given hunk: row 0's hunk {1, 2}
-    spread, _ = didpo_fork(_inp([1.0, 0.0, 0.5, 0.5], ["a", "a", "b", "b"], 3, forks,
-                                fork_hunks=[[(1, 2)], [], [], []]), spread="hunk", episode=False)
+    spread, _ = didpo_fork(_inp([1.0, 0.0, 0.5, 0.5], ["a", "a", "b", "b"], 3, forks),
+                           hunks=[[(1, 2)], [], [], []], spread="hunk", episode=False)
     assert _flat(spread.tolist()) == pytest.approx(
         _flat([[0, 1.264911, 1.264911], [0, 0, 0], [-0.632456, 0, 0], [0, 0, 0]]), abs=1e-5)
-    with pytest.raises(ValueError, match="extra\\['forks'\\]"):
-        didpo_fork(AdvantageInput(inp.rewards, inp.groups, inp.mask, extra={}))
+    with pytest.raises(ValueError, match="needs forks"):
+        compute_advantages("didpo_fork", AdvantageInput(inp.rewards, inp.groups, inp.mask))
     assert needs_forks("didpo_fork") and not needs_forks("didpo") and not needs_forks("grpo")
 
 
@@ -154,16 +153,15 @@ def test_vectorised_matches_naive_loop():
         r_cf = [rng.choice([0.0, 0.5, 1.0]) for _ in range(F)]
         sites = fork_sites(rows, ts, [rewards[r] for r in rows], r_cf)
         lam, episode = rng.choice([0.5, 1.0, 2.0]), trial % 2 == 0
-        inp = AdvantageInput(torch.tensor(rewards, dtype=torch.float64), groups, mask,
-                             extra={"forks": sites, "fork_hunks": hunks})
-        fast, _ = didpo_fork(inp, lam=lam, episode=episode, spread="hunk")
-        slow = _naive_didpo_fork(rewards, groups, mask, rows, ts, sites["dr"].tolist(), hunks,
+        inp = AdvantageInput(torch.tensor(rewards, dtype=torch.float64), groups, mask, forks=sites)
+        fast, _ = didpo_fork(inp, lam=lam, episode=episode, spread="hunk", hunks=hunks)
+        slow = _naive_didpo_fork(rewards, groups, mask, rows, ts, sites.dr.tolist(), hunks,
                                  lam, episode)
         assert _flat(fast.tolist()) == pytest.approx(_flat(slow), abs=1e-9)
 
 
 def test_hunk_tokens_match_hunk_effects():
-    from labkit.policy.forking import hunk_effects
+    from labkit.credit.ground_truth import hunk_effects
 
     task = toy_tasks()[0]  # def inc(x): return x - 1
     code = "def inc(x):\n    y = x\n    return x + 1\n"

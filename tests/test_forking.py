@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from labkit.credit.ground_truth import hunk_effects
 from labkit.env.records import (Candidate, IOCase, RepairTask, SandboxResult, Status,
                                 TestSuite)
 from labkit.policy import forking as fk
@@ -158,7 +159,7 @@ def test_hunk_effects_with_a_fake_runner():
         return _run_in_process(cands)
 
     rs = [_char_rollout(FIXED, sample_index=0), _char_rollout(FIXED, sample_index=1)]
-    effects = fk.hunk_effects(rs, {"t": _sum_task()}, run=run)
+    effects = hunk_effects(rs, {"t": _sum_task()}, run=run)
     assert len(calls) == 1 and len(calls[0]) == 4  # one batch; identical programs run once
     assert [(e.sample, e.k) for e in effects] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     by_k = {e.k: e for e in effects if e.sample == 0}
@@ -168,13 +169,13 @@ def test_hunk_effects_with_a_fake_runner():
     assert FIXED[slice(*by_k[1].char_span)] == "        total += x\n"
     assert by_k[1].tokens == tuple(range(*by_k[1].char_span))  # one token per character
     # a custom reward: all tests or nothing
-    strict = fk.hunk_effects(rs[:1], {"t": _sum_task()}, run=run, reward=lambda r: float(r.ok))
+    strict = hunk_effects(rs[:1], {"t": _sum_task()}, run=run, reward=lambda r: float(r.ok))
     assert [e.effect for e in strict] == [0.0, 1.0, 0.0]
 
 
 def test_hunk_effects_in_the_sandbox():
     sandbox = pytest.importorskip("labkit.env.sandbox")
-    effects = fk.hunk_effects([_char_rollout(FIXED)], {"t": _sum_task()}, run=sandbox.run_many)
+    effects = hunk_effects([_char_rollout(FIXED)], {"t": _sum_task()}, run=sandbox.run_many)
     assert [round(e.effect, 6) for e in effects] == [0.0, round(2 / 3, 6), 0.0]
     assert all(e.reward == 1.0 for e in effects)
 

@@ -39,3 +39,11 @@ def test_env_floor_never_imports_torch():
     code = ("import sys, labkit.env.tasks, labkit.env.bugs, labkit.env.sandbox, labkit.env.feedback;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_credit_floor_reads_records_not_the_sampler():
+    """Credit is pure functions over records (``labkit.env.records``): it never imports the
+    policy floor (sampling, forking, models)."""
+    bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit" / "credit").rglob("*.py")
+           for m in _imports(py) if m == "labkit.policy" or m.startswith("labkit.policy.")]
+    assert not bad, "\n".join(bad)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 import pandas as pd
 from traitlets import Int, List, TraitError, Unicode, validate
 
@@ -182,7 +182,7 @@ def pick_task(rows: Sequence[Mapping], step: int | None = None,
 # ----------------------------------------------------------------------------- widget
 
 
-class AnchorView(widgets.VBox):
+class AnchorView(ipw.VBox):
     """The anchors of one task; selecting one outlines its spans in every member's DiffView.
 
     ``anchors``: anchor dicts (:func:`anchor_dicts`) in GS order; ``records``: the group's
@@ -199,19 +199,19 @@ class AnchorView(widgets.VBox):
 
     def __init__(self, anchors: Sequence[Anchor | Mapping], records: Sequence,
                  caption: str = "", color_by: str = "advantages"):
-        self._title = widgets.HTML()
-        self._picker = widgets.Select(description="anchor", rows=6,
-                                      layout=widgets.Layout(width="420px"))
+        self._title = ipw.HTML()
+        self._picker = ipw.Select(description="anchor", rows=6,
+                                      layout=ipw.Layout(width="420px"))
         self._picker.add_class("labkit-anchor-picker")
-        self._color = widgets.ToggleButtons(options=COLOR_BY, description="colour by",
+        self._color = ipw.ToggleButtons(options=COLOR_BY, description="colour by",
                                             style={"button_width": "90px"})
-        self._table = widgets.HTML()
-        self._members_table = widgets.HTML()
-        self._members = widgets.VBox()
+        self._table = ipw.HTML()
+        self._members_table = ipw.HTML()
+        self._members = ipw.VBox()
         self._members.add_class("labkit-anchor-members")
         self._views: list[DiffView] = []  # reused across selections, shown as needed
-        self.out = widgets.Output()
-        super().__init__(children=[self._title, widgets.HBox([self._picker, self._table]),
+        self.out = ipw.Output()
+        super().__init__(children=[self._title, ipw.HBox([self._picker, self._table]),
                                    self._color, self._members_table, self._members, self.out])
         self.add_class("labkit-anchorview")
         self.observe(self._on_data, names=["anchors", "records"])
@@ -219,7 +219,7 @@ class AnchorView(widgets.VBox):
         self.observe(self._show_title, names="caption")
         self._picker.observe(self._on_pick, names="value")
         self.observe(self._show_selected, names="selected")
-        widgets.link((self._color, "value"), (self, "color_by"))
+        ipw.link((self._color, "value"), (self, "color_by"))
         self.caption, self.color_by = caption, color_by
         self.records = rollout_dicts(records)
         self.anchors = anchor_dicts(anchors)
@@ -321,7 +321,7 @@ class AnchorView(widgets.VBox):
             for m in anchor["members"]:
                 rec = self.records[m["rollout"]] if m["rollout"] < len(self.records) else None
                 if rec is None:
-                    shown.append(widgets.HTML(f"<i>rollout {m['rollout']}: not in the records "
+                    shown.append(ipw.HTML(f"<i>rollout {m['rollout']}: not in the records "
                                               "(log_rollouts limits what is logged)</i>"))
                     continue
                 values[m["rollout"]] = self._values(rec, m["rollout"])

@@ -21,7 +21,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Any
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from traitlets import Any as AnyTrait
@@ -88,7 +88,7 @@ def _replace_from(rows: Sequence[Mapping], row: Mapping) -> list[Mapping]:
 # ----------------------------------------------------------------------------- widget
 
 
-class TrainingDashboard(widgets.VBox):
+class TrainingDashboard(ipw.VBox):
     """Training curves, a per-token strip of the latest batch and a Stop button.
 
     State: ``rows`` (metrics rows), ``eval_rows``, ``batch`` (latest records); each
@@ -124,12 +124,12 @@ class TrainingDashboard(widgets.VBox):
                                                               "<br>%{z:.3f}<extra></extra>"),
                                      layout={"height": 160,
                                              "margin": {"t": 30, "b": 20, "l": 120, "r": 20}})
-        self._stop = widgets.Button(description="Stop", icon="stop", button_style="danger",
+        self._stop = ipw.Button(description="Stop", icon="stop", button_style="danger",
                                     disabled=True, tooltip="Stop the trainer after this step")
-        self._status = widgets.HTML()
-        self.out = widgets.Output()
+        self._status = ipw.HTML()
+        self.out = ipw.Output()
         super().__init__(children=[self.curves, self.strip,
-                                   widgets.HBox([self._stop, self._status]), self.out])
+                                   ipw.HBox([self._stop, self._status]), self.out])
         self.add_class("labkit-dashboard")
         self.curves.add_class("labkit-curves")
         self.strip.add_class("labkit-strip")
@@ -190,7 +190,7 @@ class TrainingDashboard(widgets.VBox):
         reports)."""
         return f"{line} (stop requested)" if self.stop_requested else line
 
-    def _on_stop(self, _button: widgets.Button) -> None:
+    def _on_stop(self, _button: ipw.Button) -> None:
         with shown_in(self.out):
             self.stop_requested = True
             if self.trainer is not None:

@@ -14,7 +14,7 @@ import difflib
 import itertools
 from collections.abc import Collection, Iterator, Mapping, Sequence
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 from traitlets import Float, List, Unicode
 
 from widgets.colors import diverging_color, escape, ink_color, legend_html, symmetric_scale
@@ -136,7 +136,7 @@ def record_traits(record: Mapping) -> dict:
 # ----------------------------------------------------------------------------- widget
 
 
-class DiffView(widgets.VBox):
+class DiffView(ipw.VBox):
     """Buggy code | completion coloured by per-token advantage, with a legend.
 
     Every trait re-renders the view; set several at once with :meth:`show_record`.
@@ -159,11 +159,11 @@ class DiffView(widgets.VBox):
                  "outlines", "scale", "caption", "value_label")
 
     def __init__(self, **traits):
-        self._caption = widgets.HTML()
-        self._left = widgets.HTML(layout=widgets.Layout(width="50%"))
-        self._right = widgets.HTML(layout=widgets.Layout(width="50%"))
-        self._legend = widgets.HTML()
-        super().__init__(children=[self._caption, widgets.HBox([self._left, self._right]),
+        self._caption = ipw.HTML()
+        self._left = ipw.HTML(layout=ipw.Layout(width="50%"))
+        self._right = ipw.HTML(layout=ipw.Layout(width="50%"))
+        self._legend = ipw.HTML()
+        super().__init__(children=[self._caption, ipw.HBox([self._left, self._right]),
                                    self._legend], **traits)
         self.add_class("labkit-diffview")
         self.observe(self._render, names=list(self._RENDERED))

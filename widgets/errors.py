@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 
 
 @contextmanager
-def shown_in(out: widgets.Output) -> Iterator[None]:
+def shown_in(out: ipw.Output) -> Iterator[None]:
     """Run the block; if it raises, append the traceback to ``out`` instead of raising.
 
     ``append_stderr`` (not ``with out:``) so it also works from a training thread and

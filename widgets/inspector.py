@@ -11,18 +11,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 import pandas as pd
 import torch
 from traitlets import Instance, Int, List, TraitError, validate
 
-from labkit.credit.advantages import AdvantageInput, compute_advantages
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
 from widgets.colors import escape
 from widgets.diffview import DiffView
 from widgets.records import COMPONENTS, describe, group, open_run, sequence_advantage
 from widgets.tables import frame_html
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS.names(needs=()))
+"""The estimators a stored group's rewards are enough for: those needing no rollouts, tasks
+or forks (their registry metadata)."""
 
 
 def estimator_advantages(rewards: Sequence[float], estimators: Sequence[str] = ESTIMATORS,
@@ -31,7 +33,7 @@ def estimator_advantages(rewards: Sequence[float], estimators: Sequence[str] = E
     (``labkit.credit.advantages``; one token per sequence is enough for these)."""
     r = torch.tensor(list(rewards), dtype=torch.float64)  # [B]
     inp = AdvantageInput(r, [0] * len(r), torch.ones(len(r), 1, dtype=torch.float64))
-    return {name: compute_advantages(name, inp)[0][:, 0].tolist() for name in estimators}
+    return {name: compute_advantages(name, inp).advantages[:, 0].tolist() for name in estimators}
 
 
 def group_frame(records: Sequence[Mapping], estimators: Sequence[str] = ESTIMATORS,
@@ -49,7 +51,7 @@ def group_frame(records: Sequence[Mapping], estimators: Sequence[str] = ESTIMATO
     return frame
 
 
-class AdvantageInspector(widgets.VBox):
+class AdvantageInspector(ipw.VBox):
     """Reward components -> reshaped reward -> advantage for one group, plus a DiffView.
 
     ``records`` must share one ``step`` and ``task_id``; ``selected`` is the index of the
@@ -62,17 +64,17 @@ class AdvantageInspector(widgets.VBox):
 
     def __init__(self, records: Sequence[Mapping], estimators: Sequence[str] = ESTIMATORS):
         self.estimators = tuple(estimators)
-        self._title = widgets.HTML()
-        self._table = widgets.HTML()
-        self._picker = widgets.Dropdown(description="rollout",
-                                        layout=widgets.Layout(width="auto"))
+        self._title = ipw.HTML()
+        self._table = ipw.HTML()
+        self._picker = ipw.Dropdown(description="rollout",
+                                        layout=ipw.Layout(width="auto"))
         self.diff = DiffView()
         super().__init__(children=[self._title, self._table, self._picker, self.diff])
         self.add_class("labkit-inspector")
         self.observe(self._on_records, names="records")
         self.observe(self._on_selected, names="selected")
         self.records = [dict(r) for r in records]
-        widgets.link((self._picker, "value"), (self, "selected"))
+        ipw.link((self._picker, "value"), (self, "selected"))
 
     @classmethod
     def from_run(cls, run_dir: str | Path, step: int | None = None, task_id: str | None = None,

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import ipywidgets as widgets
+import ipywidgets as ipw
 import pandas as pd
 import torch
 from traitlets import Instance, List, Unicode
@@ -166,7 +166,7 @@ def run_reshape_config(run_dir: str | Path) -> ReshapeConfig:
 # ----------------------------------------------------------------------------- widget
 
 
-class RewardTuner(widgets.VBox):
+class RewardTuner(ipw.VBox):
     """Sliders and toggles over a :class:`ReshapeConfig`, recomputing a stored batch at once.
 
     ``config`` is the live config (the controls write it; setting it moves the controls);
@@ -184,35 +184,36 @@ class RewardTuner(widgets.VBox):
     def __init__(self, records: Sequence[Mapping], start: ReshapeConfig | None = None,
                  estimator: str = "grpo"):
         start = start or recipe("raw")
-        self.controls: dict[str, widgets.ValueWidget] = {
-            **{name: widgets.FloatSlider(description=name, min=lo, max=hi, step=step,
+        self.controls: dict[str, ipw.ValueWidget] = {
+            **{name: ipw.FloatSlider(description=name, min=lo, max=hi, step=step,
                                          continuous_update=False)
                for name, lo, hi, step in SLIDERS},
-            **{name: widgets.ToggleButtons(description=name, options=choices,
+            **{name: ipw.ToggleButtons(description=name, options=choices,
                                            style={"button_width": "90px"})
                for name, choices in TOGGLES},
         }
-        self._estimator = widgets.Dropdown(options=ADVANTAGE_ESTIMATORS.names(), value=estimator,
+        # only estimators a stored batch is enough for (no rollouts, tasks or forks needed)
+        self._estimator = ipw.Dropdown(options=ADVANTAGE_ESTIMATORS.names(needs=()), value=estimator,
                                            description="estimator")
-        self._recipe = widgets.Dropdown(options=["(custom)", *RECIPES], value="(custom)",
+        self._recipe = ipw.Dropdown(options=["(custom)", *RECIPES], value="(custom)",
                                         description="recipe")
-        self._feedback = widgets.Dropdown(options=["as run", *FEEDBACK_MODES], value="as run",
+        self._feedback = ipw.Dropdown(options=["as run", *FEEDBACK_MODES], value="as run",
                                           description="feedback")
-        self._reset = widgets.Button(description="reset to start", icon="undo")
-        self._summary = widgets.HTML()
-        self._table = widgets.HTML()
-        self.out = widgets.Output()
-        grid = widgets.GridBox(list(self.controls.values()),
-                               layout=widgets.Layout(grid_template_columns="repeat(2, 50%)"))
-        super().__init__(children=[grid, widgets.HBox([self._recipe, self._estimator, self._feedback, self._reset]),
+        self._reset = ipw.Button(description="reset to start", icon="undo")
+        self._summary = ipw.HTML()
+        self._table = ipw.HTML()
+        self.out = ipw.Output()
+        grid = ipw.GridBox(list(self.controls.values()),
+                               layout=ipw.Layout(grid_template_columns="repeat(2, 50%)"))
+        super().__init__(children=[grid, ipw.HBox([self._recipe, self._estimator, self._feedback, self._reset]),
                                    self._summary, self._table, self.out],
                          records=[dict(r) for r in records], start=start,
                          config=dataclasses.replace(start), estimator=estimator)
         self.add_class("labkit-tuner")
         for name, control in self.controls.items():
             control.observe(functools.partial(self._on_control, name), names="value")
-        widgets.link((self._estimator, "value"), (self, "estimator"))
-        widgets.link((self._feedback, "value"), (self, "feedback"))
+        ipw.link((self._estimator, "value"), (self, "estimator"))
+        ipw.link((self._feedback, "value"), (self, "feedback"))
         self._reset.on_click(self._on_reset)
         self._recipe.observe(self._on_recipe, names="value")
         self.observe(self._show_config, names="config")
@@ -237,13 +238,13 @@ class RewardTuner(widgets.VBox):
             with shown_in(self.out):
                 self.config = recipe(change["new"])
 
-    def _on_reset(self, _button: widgets.Button) -> None:
+    def _on_reset(self, _button: ipw.Button) -> None:
         self.config = dataclasses.replace(self.start)
 
     def _show_config(self, _change: Mapping | None = None) -> None:
         for name, control in self.controls.items():  # a no-op for the control that moved
             value = getattr(self.config, name)
-            if isinstance(control, widgets.FloatSlider):  # a slider clamps: widen it instead
+            if isinstance(control, ipw.FloatSlider):  # a slider clamps: widen it instead
                 control.min, control.max = min(control.min, value), max(control.max, value)
             control.value = value
         self.controls["amplify_power"].disabled = self.config.amplify != "signed_power"

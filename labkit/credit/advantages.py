@@ -1,9 +1,21 @@
 """Advantage estimators: pure functions from rewards (and groups) to per-token advantages.
 
-Every estimator returns a ``[B, T]`` tensor over completion tokens (sequence-level
-estimators broadcast their value to every unmasked token) plus a dict of metrics, so
-per-token estimators (DiDPO) plug into the same trainer. Conventions follow verl's
-``core_algos`` (``compute_grpo_outcome_advantage`` and friends):
+One interface for every estimator. An estimator is a function
+``f(inp: AdvantageInput, **options) -> AdvantageOutput`` registered in
+:data:`ADVANTAGE_ESTIMATORS` with two pieces of metadata:
+
+* ``needs``: which optional fields of :class:`AdvantageInput` it reads (``rollouts``,
+  ``tasks``, ``forks``); :func:`compute_advantages` refuses a call that lacks one, and the
+  trainer provides what its estimator needs (forks are made only for an estimator that
+  needs them);
+* ``credit``: ``sequence`` (one value per sequence, broadcast to its tokens) or ``token``
+  (per-token credit, e.g. DiDPO's diff anchors).
+
+The output always holds ``[B, T]`` advantages over completion tokens, a flat dict of
+metrics and ``artifacts`` (e.g. DiDPO's anchors, which the trainer logs). Adding an
+estimator: write the function, register it with its metadata; nothing else in the trainer
+changes (``docs/training.md``). Conventions follow verl's ``core_algos``
+(``compute_grpo_outcome_advantage`` and friends):
 
 * a one-member group uses mean 0 and std 1;
 * the std is the unbiased one (``n - 1``);
@@ -13,26 +25,71 @@ per-token estimators (DiDPO) plug into the same trainer. Conventions follow verl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from labkit.credit.registry import Registry
+from labkit.registry import Registry
+
+if TYPE_CHECKING:
+    from labkit.env.records import RepairTask, Rollout
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
+"""Estimators by name; metadata ``needs`` (a tuple of :class:`AdvantageInput` fields) and
+``credit`` (``sequence`` or ``token``)."""
 EPS = 1e-6
+INPUTS = ("rollouts", "tasks", "forks")
+"""The optional :class:`AdvantageInput` fields an estimator may declare it needs."""
+
+
+@dataclass
+class ForkSites:
+    """Measured counterfactual forks (:func:`labkit.credit.fork_credit.fork_sites`): fork
+    ``f`` branched row ``row[f]`` at completion token ``t[f]`` and changed the reward by
+    ``dr[f] = R(factual) - R(counterfactual)``."""
+
+    row: torch.Tensor  # [F] long
+    t: torch.Tensor  # [F] long
+    dr: torch.Tensor  # [F] float64
+
+    def __len__(self) -> int:
+        return int(self.row.numel())
 
 
 @dataclass
 class AdvantageInput:
     """What an estimator may look at. ``rewards[b]`` is sequence b's scalar score,
-    ``groups[b]`` its group id (one task's G samples share an id)."""
+    ``groups[b]`` its group id (one task's G samples share an id), ``mask`` the completion
+    mask. The optional fields are filled for estimators that declare them in ``needs``."""
 
     rewards: torch.Tensor  # [B]
     groups: Sequence  # len B, hashable ids
     mask: torch.Tensor  # [B, T] completion mask
-    extra: dict | None = None  # estimator-specific inputs (e.g. DiDPO anchors)
+    rollouts: Sequence[Rollout] | None = None
+    """Row b's :class:`~labkit.env.records.Rollout` (token ids, offsets, extracted code)."""
+    tasks: Sequence[RepairTask] | None = None
+    """Row b's task (its ``buggy_code`` is what diffs are taken against)."""
+    forks: ForkSites | None = None
+    """Counterfactual forks measured on these rows (:class:`ForkSites`)."""
+
+
+@dataclass
+class AdvantageOutput:
+    """An estimator's result: ``advantages [B, T]`` (0 at masked tokens), flat ``metrics``
+    (``adv/*``, ...), and ``artifacts`` the trainer may log (e.g. ``{"anchors": ...}``).
+    Unpacks and indexes like the pair ``(advantages, metrics)`` (``adv, m = ...``)."""
+
+    advantages: torch.Tensor  # [B, T]
+    metrics: dict = field(default_factory=dict)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator:
+        return iter((self.advantages, self.metrics))
+
+    def __getitem__(self, i: int):
+        return (self.advantages, self.metrics)[i]
 
 
 def group_stats(rewards: torch.Tensor, groups: Sequence) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -74,44 +131,57 @@ def _metrics(adv_seq: torch.Tensor, inp: AdvantageInput) -> dict:
             "adv/zero_std_frac": _zero_std_frac(inp.rewards, inp.groups)}
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
-def grpo(inp: AdvantageInput, eps: float = EPS) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("grpo", needs=(), credit="sequence")
+def grpo(inp: AdvantageInput, eps: float = EPS) -> AdvantageOutput:
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath):
 
     ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)``, std unbiased, broadcast to tokens.
     """
     mean, std, _ = group_stats(inp.rewards, inp.groups)
     adv = (inp.rewards - mean) / (std + eps)  # [B]
-    return _broadcast(adv, inp.mask), _metrics(adv, inp)
+    return AdvantageOutput(_broadcast(adv, inp.mask), _metrics(adv, inp))
 
 
-@ADVANTAGE_ESTIMATORS.register("dr_grpo")
-def dr_grpo(inp: AdvantageInput) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("dr_grpo", needs=(), credit="sequence")
+def dr_grpo(inp: AdvantageInput) -> AdvantageOutput:
     """Dr. GRPO (Liu et al. 2025): no std division, ``A_i = r_i - mean_g(r)``."""
     mean, _, _ = group_stats(inp.rewards, inp.groups)
     adv = inp.rewards - mean  # [B]
-    return _broadcast(adv, inp.mask), _metrics(adv, inp)
+    return AdvantageOutput(_broadcast(adv, inp.mask), _metrics(adv, inp))
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
-def rloo(inp: AdvantageInput) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("rloo", needs=(), credit="sequence")
+def rloo(inp: AdvantageInput) -> AdvantageOutput:
     """RLOO (Ahmadian et al. 2024): leave-one-out baseline,
     ``A_i = r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_g(r))`` (0 for n = 1)."""
     mean, _, n = group_stats(inp.rewards, inp.groups)
     factor = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n)).to(inp.rewards.dtype)
     adv = factor * (inp.rewards - mean)  # [B]
-    return _broadcast(adv, inp.mask), _metrics(adv, inp)
+    return AdvantageOutput(_broadcast(adv, inp.mask), _metrics(adv, inp))
 
 
-@ADVANTAGE_ESTIMATORS.register("batch_norm")
-def batch_norm(inp: AdvantageInput, eps: float = EPS) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("batch_norm", needs=(), credit="sequence")
+def batch_norm(inp: AdvantageInput, eps: float = EPS) -> AdvantageOutput:
     """REINFORCE with a batch baseline: ``A_i = (r_i - mean_B(r)) / (std_B(r) + eps)``."""
     r = inp.rewards
     std = r.std() if r.numel() > 1 else torch.ones((), dtype=r.dtype)
     adv = (r - r.mean()) / (std + eps)  # [B]
-    return _broadcast(adv, inp.mask), _metrics(adv, inp)
+    return AdvantageOutput(_broadcast(adv, inp.mask), _metrics(adv, inp))
 
 
-def compute_advantages(name: str, inp: AdvantageInput, **kwargs) -> tuple[torch.Tensor, dict]:
-    """Look up estimator ``name`` and apply it: ``[B, T]`` advantages and metrics."""
-    return ADVANTAGE_ESTIMATORS.get(name)(inp, **kwargs)
+def needs(name: str) -> tuple[str, ...]:
+    """The optional inputs estimator ``name`` reads (its registry metadata)."""
+    return tuple(ADVANTAGE_ESTIMATORS.meta(name).get("needs", ()))
+
+
+def compute_advantages(name: str, inp: AdvantageInput, **kwargs) -> AdvantageOutput:
+    """Look up estimator ``name``, check it has the inputs it needs, and apply it."""
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    missing = [f for f in needs(name) if getattr(inp, f) is None]
+    if missing:
+        raise ValueError(f"estimator {name!r} needs {', '.join(missing)} in its AdvantageInput "
+                         f"(set AdvantageInput.{missing[0]}=...)")
+    out = fn(inp, **kwargs)
+    if not isinstance(out, AdvantageOutput):
+        raise TypeError(f"estimator {name!r} returned {type(out).__name__}, not AdvantageOutput")
+    return out

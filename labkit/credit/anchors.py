@@ -40,9 +40,9 @@ from typing import Literal
 
 import torch
 
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, grpo
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, AdvantageOutput, grpo
 from labkit.credit.diffs import RootDiff, clear_caches, root_diff
-from labkit.policy.rollout import Rollout
+from labkit.env.records import Rollout
 
 GSForm = Literal["mul", "add", "log"]
 
@@ -404,29 +404,28 @@ def _token_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict:
             "adv/zero_frac": (vals.abs() < 1e-12).double().mean().item()}
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo")
+@ADVANTAGE_ESTIMATORS.register("didpo", needs=("rollouts", "tasks"), credit="token")
 def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_diff: bool = False,
-          **anchor_opts) -> tuple[torch.Tensor, dict]:
+          **anchor_opts) -> AdvantageOutput:
     """DiDPO per-token advantage (arXiv 2608.07147):
 
     ``A(i, t) = A_E(i) + lambda * A_D(i, a*(t))``, ``A_E`` the GRPO advantage of
     :func:`labkit.credit.advantages.grpo`, ``a*(t)`` the highest-GS anchor covering token t
     (``A_D = 0`` outside anchors), ``A_D(i, a) = R_i - mean_{j in group(a)} R_j``.
 
-    Reads ``inp.extra["rollouts"]`` (``Rollout`` per row) and ``inp.extra["tasks"]`` (its
-    ``RepairTask``); groups are ``inp.groups``. Ablations: ``no_episode`` drops ``A_E``,
-    ``no_diff`` drops ``A_D`` (exactly GRPO, no anchors built); ``anchor_opts`` are
-    :class:`AnchorConfig` fields (``whole_diff``, ``gs_form``, ...; the pairs of group g are
-    drawn under ``f"{seed}/{g}"``). After the call,
-    ``inp.extra["anchors"]`` maps each group id to its anchors, for logging.
+    Reads ``inp.rollouts`` (``Rollout`` per row) and ``inp.tasks`` (its ``RepairTask``);
+    groups are ``inp.groups``. Ablations: ``no_episode`` drops ``A_E``, ``no_diff`` drops
+    ``A_D`` (exactly GRPO, no anchors built); ``anchor_opts`` are :class:`AnchorConfig` fields
+    (``whole_diff``, ``gs_form``, ...; the pairs of group g are drawn under
+    ``f"{seed}/{g}"``). ``artifacts["anchors"]`` maps each group id to its anchors, for
+    logging.
     """
     a_e, metrics = grpo(inp)  # [B, T]
     if no_diff:
-        return a_e, metrics
-    extra = inp.extra or {}
-    if "rollouts" not in extra or "tasks" not in extra:
-        raise ValueError("didpo needs extra={'rollouts': [...], 'tasks': [...]} (one per row)")
-    rollouts, tasks = extra["rollouts"], extra["tasks"]
+        return AdvantageOutput(a_e, metrics)
+    if inp.rollouts is None or inp.tasks is None:
+        raise ValueError("didpo needs AdvantageInput.rollouts and .tasks (one per row)")
+    rollouts, tasks = inp.rollouts, inp.tasks
     seed = anchor_opts.pop("seed", 0)
     rows: dict = {}
     for b, g in enumerate(inp.groups):
@@ -444,7 +443,6 @@ def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_di
                 a_d[idx[m.rollout], list(m.tokens)] = m.a_d
                 covered[idx[m.rollout], list(m.tokens)] = True
     build_s = time.perf_counter() - t0
-    extra["anchors"] = built
 
     adv = (lam * a_d if no_episode else a_e + lam * a_d) * inp.mask  # [B, T]
     every = [a for anchors in built.values() for a in anchors]
@@ -459,29 +457,29 @@ def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_di
                                     / inp.mask.sum().clamp(min=1)).item(),
         "anchors/build_s": build_s,
     })
-    return adv, metrics
+    return AdvantageOutput(adv, metrics, {"anchors": built})
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_no_ae")
-def didpo_no_ae(inp: AdvantageInput, **opts) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("didpo_no_ae", needs=("rollouts", "tasks"), credit="token")
+def didpo_no_ae(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: DiDPO without the episode term, ``A(i, t) = lambda * A_D``."""
     return didpo(inp, no_episode=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_no_ad")
-def didpo_no_ad(inp: AdvantageInput, **opts) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("didpo_no_ad", needs=(), credit="sequence")
+def didpo_no_ad(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: DiDPO without the diff term, ``A(i, t) = A_E(i)`` (GRPO)."""
     return didpo(inp, no_diff=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_whole_diff")
-def didpo_whole_diff(inp: AdvantageInput, **opts) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("didpo_whole_diff", needs=("rollouts", "tasks"), credit="token")
+def didpo_whole_diff(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: the whole root diff is the only unit of credit (no sub-diffs)."""
     return didpo(inp, whole_diff=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_additive_gs")
-def didpo_additive_gs(inp: AdvantageInput, **opts) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("didpo_additive_gs", needs=("rollouts", "tasks"), credit="token")
+def didpo_additive_gs(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: additive groupability ``GS = (phi(L) + psi(n)) / 2``."""
     return didpo(inp, gs_form="add", **opts)
 

@@ -27,8 +27,7 @@ import functools
 import io
 import tokenize
 from dataclasses import dataclass
-from difflib import SequenceMatcher
-
+from labkit.env.edits import line_runs
 from labkit.env.feedback import normalise_code
 
 _LAYOUT = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
@@ -165,8 +164,8 @@ def root_diff(code: str, buggy_code: str, code_start: int = 0) -> RootDiff:
     cand = normalised_lines(code, code_start)
     buggy = [line.text for line in normalised_lines(buggy_code)]
     re_emitted = set(buggy)
-    matcher = SequenceMatcher(None, buggy, [line.text for line in cand], autojunk=False)
-    changed = [j for op, _, _, j1, j2 in matcher.get_opcodes() if op in ("replace", "insert")
+    # the candidate side of every changed run (its replace and insert lines)
+    changed = [j for _, _, j1, j2 in line_runs(buggy, [line.text for line in cand])
                for j in range(j1, j2) if cand[j].text not in re_emitted]
     if not changed or _program(code) == _program(buggy_code):
         return RootDiff()

@@ -20,85 +20,43 @@ the factual return minus the counterfactual one. The estimator:
    ``A(i, t) = A_E(i) + lambda * A_fork(i, t)``, ``A_fork = 0`` at unforked tokens
    (``episode=False`` drops ``A_E``).
 
-Everything here is a pure function of tensors and records; the trainer
-(:mod:`labkit.loops.trainer`, section "counterfactual forks") makes the forks, runs them in
-the sandbox and passes ``extra["forks"]`` (:func:`fork_sites`). :class:`ForkCreditConfig`
-holds how the trainer makes them (``TrainConfig.fork``); the estimator's own options
-(``lam``, ``episode``, ``normalise``, ``spread``) go in ``TrainConfig.estimator_options``.
+Everything here is a pure function of tensors and records; :func:`labkit.loops.forks.
+measure_forks` makes the forks, runs them and builds ``AdvantageInput.forks``
+(:func:`fork_sites`); :class:`labkit.loops.forks.ForkCreditConfig` holds how the trainer
+makes them (``TrainConfig.fork``); the estimator's own options (``lam``, ``episode``,
+``normalise``, ``spread``) go in ``TrainConfig.estimator_options``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, grpo
-from labkit.env.edits import hunk_char_span, split_hunks
-from labkit.policy.forking import POSITION_STRATEGIES
-from labkit.policy.rollout import Rollout
+from labkit.credit.advantages import (ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, AdvantageOutput,
+                                      ForkSites, grpo, needs)
+from labkit.env.edits import rollout_hunks
+from labkit.env.records import Rollout
 
 Normalise = Literal["rms", "meanstd", "none"]
 Spread = Literal["token", "hunk"]
-
-
-@dataclass
-class ForkCreditConfig:
-    """How the trainer makes the forks of ``didpo_fork`` (``TrainConfig.fork``).
-
-    Cost per step: ``sum_i min(budget, ceil(fraction * n_i))`` forks, each one baseline
-    forward row, one re-encoded position and up to ``max_new_tokens - t - 1`` generated
-    tokens, then one sandbox run; the trainer logs it as ``fork/*`` and ``time/fork``.
-    """
-
-    strategy: str = "uniform"
-    """Where to fork: ``uniform``, ``diff`` (tokens inside the edit) or ``entropy`` (the
-    policy's least sure steps), :data:`labkit.policy.forking.POSITION_STRATEGIES`."""
-    fraction: float = 0.2
-    """Forks per completion token (the reading's ~20% step sub-sampling)."""
-    budget: int = 8
-    """At most this many forks per rollout: bounds the cost of long completions."""
-    baseline: Literal["ema", "frozen"] = "ema"
-    """Who proposes the alternative token: ``ema``, ``theta_b <- beta theta_b + (1 - beta)
-    theta`` after every step, or ``frozen``, the starting policy. Both are saved in the
-    checkpoint (``baseline.pt``)."""
-    beta: float = 0.99
-    """EMA decay of the ``ema`` baseline (closer to 1: slower to follow the policy)."""
-    kl_to_baseline: bool = False
-    """Point the KL term (``loss.kl_coef``, ``loss.kl_estimator``) at the baseline instead of
-    the reference policy: ``beta_KL * KL(pi || pi_b)``, as in the reading."""
-    batch_size: int = 64
-    """Forks per ``generate`` call."""
-
-    def validate(self) -> None:
-        if self.strategy not in POSITION_STRATEGIES:
-            raise ValueError(f"fork.strategy {self.strategy!r} is not a position strategy; "
-                             f"registered: {sorted(POSITION_STRATEGIES)}")
-        if not 0 < self.fraction <= 1 or self.budget < 1 or self.batch_size < 1:
-            raise ValueError("fork.fraction must be in (0, 1], fork.budget and "
-                             "fork.batch_size >= 1")
-        if not 0 <= self.beta < 1:
-            raise ValueError("fork.beta must be in [0, 1)")
-        if self.baseline not in ("ema", "frozen"):
-            raise ValueError(f"fork.baseline must be 'ema' or 'frozen', not {self.baseline!r}")
 
 
 # ============================================================================= pieces
 
 
 def fork_sites(rows: Sequence[int], ts: Sequence[int], r_factual: Sequence[float],
-               r_counterfactual: Sequence[float]) -> dict[str, torch.Tensor]:
-    """What the estimator reads from ``extra["forks"]``: ``row [F]``, ``t [F]`` and
+               r_counterfactual: Sequence[float]) -> ForkSites:
+    """What the estimator reads (``AdvantageInput.forks``): ``row [F]``, ``t [F]`` and
     ``dr [F] = R(factual) - R(counterfactual)``."""
     if not len(rows) == len(ts) == len(r_factual) == len(r_counterfactual):
         raise ValueError("fork_sites: rows, ts and both reward lists must have one entry a fork")
     dr = (torch.tensor(list(r_factual), dtype=torch.float64)
           - torch.tensor(list(r_counterfactual), dtype=torch.float64))  # [F]
-    return {"row": torch.tensor(list(rows), dtype=torch.long),
-            "t": torch.tensor(list(ts), dtype=torch.long), "dr": dr}
+    return ForkSites(row=torch.tensor(list(rows), dtype=torch.long),
+                     t=torch.tensor(list(ts), dtype=torch.long), dr=dr)
 
 
 def normalise_deltas(dr: torch.Tensor, mode: Normalise = "rms", eps: float = EPS) -> torch.Tensor:
@@ -172,30 +130,20 @@ def spread_over_hunks(values: torch.Tensor, hit: torch.Tensor,
 
 def hunk_tokens(rollout: Rollout, buggy_code: str) -> list[tuple[int, ...]]:
     """The completion tokens of each hunk of ``rollout.code`` against ``buggy_code``
-    (:func:`labkit.policy.forking.split_hunks`), mapped exactly as
-    :func:`~labkit.policy.forking.hunk_effects` maps them: a deletion marks the token where
-    the deleted lines were; none when the code is not a substring of the completion."""
+    (:func:`labkit.env.edits.rollout_hunks`, the mapping the ground truth uses); none when
+    the code is not a substring of the completion."""
     if rollout.code_start < 0:
         return []
-    code = rollout.code
-    limit = max(len(code.rstrip("\n")) - 1, 0)
-    out = []
-    for hunk in split_hunks(buggy_code, code):
-        a, b = hunk_char_span(code, hunk)
-        if b <= a:
-            a = min(a, limit)
-            b = a + 1
-        out.append(tuple(rollout.tokens_in_span(rollout.code_start + a, rollout.code_start + b)))
-    return out
+    return [h.tokens for h in rollout_hunks(rollout, buggy_code)]
 
 
 # ============================================================================= estimator
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_fork")
+@ADVANTAGE_ESTIMATORS.register("didpo_fork", needs=("forks",), credit="token")
 def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
-               normalise: Normalise = "rms", spread: Spread = "token",
-               eps: float = EPS) -> tuple[torch.Tensor, dict]:
+               normalise: Normalise = "rms", spread: Spread = "token", eps: float = EPS,
+               hunks: Sequence[Sequence[Sequence[int]]] | None = None) -> AdvantageOutput:
     """Counterfactual-fork credit combined with the episode advantage:
 
     ``A(i, t) = [episode] A_E(i) + lambda * A_fork(i, t)``, ``A_E`` the GRPO advantage
@@ -203,30 +151,27 @@ def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
     (spread over their diff hunk with ``spread="hunk"``), 0 elsewhere;
     ``dR = R(factual) - R(counterfactual)``.
 
-    Reads ``inp.extra["forks"]`` (:func:`fork_sites`: ``row``, ``t``, ``dr`` of every fork);
-    ``spread="hunk"`` also needs ``extra["fork_hunks"]`` (per row, token tuples of its
-    hunks) or ``extra["rollouts"]`` and ``extra["tasks"]`` to compute them
-    (:func:`hunk_tokens`). ``lam = 0`` is exactly ``grpo``.
+    Reads ``inp.forks`` (:func:`fork_sites`: ``row``, ``t``, ``dr`` of every fork);
+    ``spread="hunk"`` also needs each row's hunks: ``hunks`` (per row, token tuples), or
+    ``inp.rollouts`` and ``inp.tasks`` to compute them (:func:`hunk_tokens`). ``lam = 0`` is
+    exactly ``grpo``.
     """
     a_e, metrics = grpo(inp)  # [B, T]
-    extra = inp.extra or {}
-    if "forks" not in extra:
-        raise ValueError("didpo_fork needs extra['forks'] (fork_sites(rows, ts, R_factual, "
-                         "R_counterfactual)); the trainer makes them when estimator='didpo_fork'")
+    if inp.forks is None:
+        raise ValueError("didpo_fork needs AdvantageInput.forks (fork_sites(rows, ts, R_factual, "
+                         "R_counterfactual)); the trainer makes them for an estimator that needs them")
     t0 = time.perf_counter()
-    forks = extra["forks"]
+    forks = inp.forks
     B, T = inp.mask.shape
-    dr = forks["dr"].to(torch.float64)  # [F]
+    dr = forks.dr.to(torch.float64)  # [F]
     a_hat = normalise_deltas(dr, normalise, eps)  # [F]
-    a_fork, hit = assign_to_tokens(a_hat, forks["row"], forks["t"], (B, T))  # [B, T]
+    a_fork, hit = assign_to_tokens(a_hat, forks.row, forks.t, (B, T))  # [B, T]
     if spread == "hunk":
-        hunks = extra.get("fork_hunks")
         if hunks is None:
-            if "rollouts" not in extra or "tasks" not in extra:
-                raise ValueError("didpo_fork(spread='hunk') needs extra['fork_hunks'] or "
-                                 "extra['rollouts'] and extra['tasks']")
-            hunks = [hunk_tokens(r, t.buggy_code) for r, t in zip(extra["rollouts"], extra["tasks"])]
-            extra["fork_hunks"] = hunks
+            if inp.rollouts is None or inp.tasks is None:
+                raise ValueError("didpo_fork(spread='hunk') needs hunks=... or "
+                                 "AdvantageInput.rollouts and .tasks")
+            hunks = [hunk_tokens(r, t.buggy_code) for r, t in zip(inp.rollouts, inp.tasks)]
         a_fork = spread_over_hunks(a_fork, hit, hunks)  # [B, T]
     elif spread != "token":
         raise ValueError(f"spread must be 'token' or 'hunk', not {spread!r}")
@@ -246,21 +191,15 @@ def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
         "fork/token_coverage": (credited.sum() / inp.mask.sum().clamp(min=1)).item(),
         "fork/credit_s": time.perf_counter() - t0,
     })
-    return adv, metrics
+    return AdvantageOutput(adv, metrics)
 
 
-didpo_fork.needs_forks = True  # type: ignore[attr-defined]  # the trainer makes extra["forks"]
-
-
-@ADVANTAGE_ESTIMATORS.register("didpo_fork_no_ae")
-def didpo_fork_no_ae(inp: AdvantageInput, **opts) -> tuple[torch.Tensor, dict]:
+@ADVANTAGE_ESTIMATORS.register("didpo_fork_no_ae", needs=("forks",), credit="token")
+def didpo_fork_no_ae(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: fork credit alone, ``A(i, t) = lambda * A_fork(i, t)``."""
     return didpo_fork(inp, episode=False, **opts)
 
 
-didpo_fork_no_ae.needs_forks = True  # type: ignore[attr-defined]
-
-
 def needs_forks(estimator: str) -> bool:
-    """True when estimator ``estimator`` reads ``extra["forks"]`` (the trainer must fork)."""
-    return bool(getattr(ADVANTAGE_ESTIMATORS.get(estimator), "needs_forks", False))
+    """True when ``estimator`` declares it needs forks (the trainer must make them)."""
+    return "forks" in needs(estimator)

@@ -34,22 +34,30 @@ class Hunk:
         return "delete" if not self.after_lines else "replace"
 
 
-def split_hunks(before: str, after: str) -> list[Hunk]:
-    """The hunks of ``after`` against ``before``: ``difflib.SequenceMatcher`` on lines (line
-    ends kept, no junk heuristic), adjacent non-equal opcodes merged into one hunk."""
-    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    hunks: list[Hunk] = []
-    run: list[int] | None = None  # [a0, a1, b0, b1] of the hunk being built
+def line_runs(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int, int, int]]:
+    """``(a0, a1, b0, b1)`` of every maximal run of changed lines between line sequences ``a``
+    and ``b``: ``difflib.SequenceMatcher`` opcodes (no junk heuristic), adjacent non-equal
+    ones merged. The one line diff of the lab: text hunks (:func:`split_hunks`, raw lines) and
+    DiDPO's root diffs (:func:`labkit.credit.diffs.root_diff`, normalised lines) both use it."""
+    runs: list[tuple[int, int, int, int]] = []
+    run: list[int] | None = None  # [a0, a1, b0, b1] of the run being built
     for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag != "equal":
             run = [run[0], a1, run[2], b1] if run else [a0, a1, b0, b1]
             continue
         if run:
-            hunks.append(_hunk(a, b, run))
+            runs.append(tuple(run))
             run = None
     if run:
-        hunks.append(_hunk(a, b, run))
-    return hunks
+        runs.append(tuple(run))
+    return runs
+
+
+def split_hunks(before: str, after: str) -> list[Hunk]:
+    """The hunks of ``after`` against ``before``: :func:`line_runs` over their lines (line
+    ends kept)."""
+    a, b = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    return [_hunk(a, b, list(run)) for run in line_runs(a, b)]
 
 
 def _hunk(a: list[str], b: list[str], run: list[int]) -> Hunk:
@@ -77,3 +85,41 @@ def hunk_char_span(text: str, hunk: Hunk) -> tuple[int, int]:
     lines = text.splitlines(keepends=True)
     start = sum(len(line) for line in lines[:hunk.after[0]])
     return start, start + sum(len(line) for line in lines[hunk.after[0]:hunk.after[1]])
+
+
+# ----------------------------------------------------------------------------- on rollouts
+
+
+@dataclass(frozen=True)
+class RolloutHunk:
+    """One hunk of a rollout's code against the buggy code, located in the completion."""
+
+    hunk: Hunk
+    char_span: tuple[int, int]
+    """The hunk's characters in ``rollout.code``."""
+    tokens: tuple[int, ...]
+    """Completion tokens overlapping the hunk; a deletion marks the token where the deleted
+    lines were; empty when the code is not a substring of the completion."""
+
+
+def _touching(span: tuple[int, int], length: int) -> tuple[int, int]:
+    """A non-empty character span: an empty one widened to the character at its place."""
+    a, b = span
+    return (a, b) if b > a else (min(a, max(length - 1, 0)), min(a, max(length - 1, 0)) + 1)
+
+
+def rollout_hunks(rollout, buggy_code: str) -> list[RolloutHunk]:
+    """The hunks of ``rollout.code`` against ``buggy_code`` (:func:`split_hunks`) with their
+    character spans and completion tokens (``rollout``: a
+    :class:`labkit.env.records.Rollout`). The one mapping from hunks to tokens that fork
+    positions, fork credit and the edit-level ground truth all use."""
+    code = rollout.code
+    out = []
+    for hunk in split_hunks(buggy_code, code):
+        span = hunk_char_span(code, hunk)
+        tokens: tuple[int, ...] = ()
+        if rollout.code_start >= 0:
+            a, b = _touching(span, len(code.rstrip("\n")))
+            tokens = tuple(rollout.tokens_in_span(rollout.code_start + a, rollout.code_start + b))
+        out.append(RolloutHunk(hunk, span, tokens))
+    return out

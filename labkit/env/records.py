@@ -269,3 +269,44 @@ class SandboxResult:
             "protections": dict(self.protections),
             "error": self.error,
         }
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@dataclass
+class Rollout:
+    """One sampled completion for one task: the record the policy floor makes
+    (:func:`labkit.policy.rollout.sample`) and the credit floor reads (token ids, the
+    sampling log-probs, each token's character span), so credit never needs the sampler.
+    ``to_dict`` for JSONL."""
+
+    task_id: str
+    sample: int
+    prompt: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    completion: str
+    code: str
+    code_start: int
+    """Character offset of ``code`` inside ``completion`` (-1 when not a substring)."""
+    offsets: list[tuple[int, int]]
+    """``offsets[i]`` = (start, end) characters of completion token i in ``completion``."""
+    finished: bool
+    """True when the completion ended with EOS or a stop string (not cut by max_new_tokens)."""
+    temperature: float = 1.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.completion_ids)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["offsets"] = [list(o) for o in self.offsets]
+        return d
+
+    def tokens_in_span(self, start: int, end: int) -> list[int]:
+        """Indices of completion tokens overlapping characters ``[start, end)`` of the completion."""
+        return [i for i, (a, b) in enumerate(self.offsets) if a < end and b > start and b > a]

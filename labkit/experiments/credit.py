@@ -1,7 +1,7 @@
 """``python -m labkit experiment credit``: which per-token credit agrees with the true effect
 of each edit?
 
-Ground truth: edit-level counterfactuals (:func:`labkit.policy.forking.hunk_effects`). For
+Ground truth: edit-level counterfactuals (:func:`labkit.credit.ground_truth.hunk_effects`). For
 every hunk ``h`` of a rollout's program against the buggy code,
 ``effect_h = R(program) - R(program with h reverted)``, ``R`` the fraction of hidden tests
 passed. Each estimator assigns per-token advantages ``A [B, T]`` to the same rollouts (same
@@ -36,9 +36,10 @@ import torch
 
 from labkit.config import to_record
 from labkit.credit.advantages import AdvantageInput, compute_advantages
-from labkit.credit.fork_credit import fork_sites
+from labkit.credit.ground_truth import hunk_effects, pass_fraction
 from labkit.env.records import Candidate
 from labkit.experiments import RESULTS, write_markdown
+from labkit.loops.forks import measure_forks
 from labkit.loops.metrics import average_ranks
 from labkit.seeding import derive_seed
 
@@ -273,38 +274,33 @@ def credit_batch(policy, tasks, cfg: Config, dataset: str, index: int, max_new: 
     def reward(codes, ts):
         res = runner([Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
                       for c, t in zip(codes, ts)])
-        return [fk.pass_fraction(r) for r in res]
+        return [pass_fraction(r) for r in res]
 
     t0 = time.time()
     R = reward([r.code for r in rollouts], task_of)
-    effects = fk.hunk_effects(rollouts, by_id, run=runner)
+    effects = hunk_effects(rollouts, by_id, run=runner)
     truth_s = time.time() - t0
 
     t0 = time.time()
-    positions = fk.choose_positions(
-        rollouts, fk.PositionConfig(cfg.fork_strategy, cfg.fork_fraction, cfg.fork_budget,
-                                    seed=derive_seed(cfg.seed, "credit-pos", dataset, index)),
-        buggy_code={t.task_id: t.buggy_code for t in tasks})
-    forks = fk.fork(policy, rollouts, positions,
-                    fk.ForkConfig.from_sampling(scfg, seed=derive_seed(cfg.seed, "credit-fork", dataset, index)),
-                    kv=kv, baseline=policy.baseline())
-    fork_gen_s = time.time() - t0
+    measured = measure_forks(
+        policy, rollouts, task_of, R, lambda ts, rs: reward([r.code for r in rs], ts),
+        fk.PositionConfig(cfg.fork_strategy, cfg.fork_fraction, cfg.fork_budget,
+                          seed=derive_seed(cfg.seed, "credit-pos", dataset, index)),
+        fk.ForkConfig.from_sampling(scfg, seed=derive_seed(cfg.seed, "credit-fork", dataset, index)),
+        kv=kv, baseline=policy.baseline())
     del kv
-    t0 = time.time()
+    forks, sites = measured.batch, measured.sites
+    fork_gen_s, fork_exec_s = measured.gen_s, measured.exec_s
     row_of = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
-    rows = [row_of[(f.task_id, f.parent_sample)] for f in forks.forks]
-    R_cf = reward([f.rollout.code for f in forks.forks], [task_of[b] for b in rows])
-    fork_exec_s = time.time() - t0
-    sites = fork_sites(rows, [f.t for f in forks.forks], [R[b] for b in rows], R_cf)
 
     mask = collate(rollouts, policy.tokenizer.pad_token_id)["completion_mask"].double()  # [B, T]
     rewards = torch.tensor(R, dtype=torch.float64)
     advs = {}
+    inp = AdvantageInput(rewards, [r.task_id for r in rollouts], mask, rollouts=rollouts,
+                         tasks=task_of, forks=sites)
     for label, (name, forky) in ESTIMATORS.items():
-        extra = {"rollouts": rollouts, "tasks": task_of, "forks": sites}
         opts = {"lam": cfg.lam, "spread": cfg.spread} if forky else {}
-        advs[label], _ = compute_advantages(name, AdvantageInput(
-            rewards, [r.task_id for r in rollouts], mask, extra=extra), **opts)
+        advs[label] = compute_advantages(name, inp, **opts).advantages
     records = []
     for e in effects:
         if not e.tokens:
@@ -317,7 +313,7 @@ def credit_batch(policy, tasks, cfg: Config, dataset: str, index: int, max_new: 
             "hunks_without_tokens": sum(not e.tokens for e in effects),
             "rollout_tokens": sum(r.n_tokens for r in rollouts), "pass_mean": statistics.fmean(R),
             "forks": len(forks.forks), "fork_tokens": forks.stats.generated_tokens,
-            "fork_dr_nonzero": int((sites["dr"] != 0).sum()),
+            "fork_dr_nonzero": int((sites.dr != 0).sum()),
             "sample_s": sample_s, "truth_s": truth_s, "fork_gen_s": fork_gen_s,
             "fork_exec_s": fork_exec_s}
     return records, cost
@@ -394,7 +390,7 @@ def write_report(results: dict, cfg: Config) -> Path:
              f"(config in `credit.json`; wall time {results['wall_s']:.0f} s).", "",
              "Ground truth per hunk h of a rollout's program: `effect_h = R(program) - "
              "R(program with h reverted)`, R = fraction of hidden tests passed "
-             "(`labkit.policy.forking.hunk_effects`). Credit of an estimator for h: the mean of "
+             "(`labkit.credit.ground_truth.hunk_effects`). Credit of an estimator for h: the mean of "
              "its per-token advantage over h's tokens. Spearman: pooled over hunks, average "
              "ranks, 95% percentile bootstrap interval over hunks. Sign agreement: over hunks "
              "with a non-zero effect, the share whose credit has the same sign (credit 0 "

@@ -5,7 +5,7 @@
         rollouts <- sample G completions per task                 (labkit.policy.rollout)
         results  <- execute every program in the sandbox           (labkit.env.sandbox)
         comps    <- feedback components per completion             (labkit.env.feedback)
-        forks    <- counterfactual forks, executed (didpo_fork only) (labkit.policy.forking)
+        forks    <- counterfactual forks, if the estimator needs them  (labkit.loops.forks)
         R        <- reshaped reward, normalised                   (labkit.credit.reshaping)
         A        <- advantage estimator [B, T], transformed        (labkit.credit.advantages)
         update   <- PPO-clip (+ KL to the reference, - entropy)    (labkit.credit.losses)
@@ -36,7 +36,7 @@ import torch
 
 from labkit.config import from_dict, to_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
-from labkit.credit.fork_credit import ForkCreditConfig, fork_sites, needs_forks
+from labkit.credit.fork_credit import needs_forks
 from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, test_term,
                                      transform_advantages)
@@ -44,9 +44,9 @@ from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
 from labkit.env.records import RepairTask
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
+from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
 from labkit.policy.loading import PolicyConfig, load_policy
-from labkit.policy.rollout import (Rollout, SamplingConfig, collate, sample, sample_with_cache,
-                                   sequence_logprobs)
+from labkit.policy.rollout import Rollout, SamplingConfig, collate, sequence_logprobs
 from labkit.seeding import derive_seed, seed_everything
 
 # ============================================================================= config
@@ -278,9 +278,8 @@ class Trainer:
         self.step = 0
         self._stop = False
         self._buggy_r_test: dict[str, float] = {}
-        self.forking = needs_forks(cfg.estimator)
-        if self.forking:
-            self.policy.baseline()  # the starting policy: frozen, or the EMA's first value
+        # estimators that need counterfactual forks get the fork hooks; the others plain ones
+        self.forks = ForkCredit(self.policy, cfg.fork) if needs_forks(cfg.estimator) else NoForks()
 
     # ------------------------------------------------------------------ setup helpers
     def _load_tasks(self, which: str) -> list[RepairTask]:
@@ -385,10 +384,7 @@ class Trainer:
         # -- generate ----------------------------------------------------------------
         t0 = time.time()
         scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
-        if self.forking:  # same tokens; keeps generate's cache for the forks' prefixes
-            rollouts, kv = sample_with_cache(self.policy, tasks, scfg)
-        else:
-            rollouts, kv = sample(self.policy, tasks, scfg), None
+        rollouts, kv = self.forks.sample(self.policy, tasks, scfg)  # kv: prefix caches for forks
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
 
@@ -404,11 +400,14 @@ class Trainer:
                                seed=derive_seed(cfg.seed, "feedback", step, *self._rank_key()))
         timings["time/execute"] = time.time() - t0
 
-        # -- counterfactual forks (didpo_fork) -----------------------------------------------
-        fork_info: dict = {}
-        if self.forking:
-            t0 = time.time()
-            fork_info = self._fork_phase(rollouts, kv, task_of, fb, scfg)
+        # -- counterfactual forks (estimators that need them) ---------------------------------
+        t0 = time.time()
+        forks = self.forks.measure(self.policy, rollouts, task_of, lambda: self._fork_rewards(fb, task_of),
+                                   self._fork_score(step), scfg,
+                                   derive_seed(cfg.seed, "fork-positions", step, *self._rank_key()),
+                                   derive_seed(cfg.seed, "fork", step, *self._rank_key()), kv=kv)
+        fork_info = forks.metrics() if forks is not None else {}
+        if forks is not None:
             timings["time/fork"] = time.time() - t0
         del kv  # the caches are large; the update does not need them
 
@@ -419,13 +418,13 @@ class Trainer:
         norm_rewards, norm_info = self.reshaper.normalise(rewards)
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
         mask = batch["completion_mask"]
-        extra = {"rollouts": rollouts, "tasks": task_of, "feedback": fb}
-        if self.forking:
-            extra["forks"] = fork_info.pop("sites")
-        adv, adv_metrics = compute_advantages(
+        credit = compute_advantages(
             cfg.estimator, AdvantageInput(norm_rewards.to(mask.dtype), [r.task_id for r in rollouts],
-                                          mask.cpu(), extra=extra), **cfg.estimator_options)
-        adv = transform_advantages(adv, cfg.reshape).to(mask.device) * mask
+                                          mask.cpu(), rollouts=rollouts, tasks=task_of,
+                                          forks=forks.sites if forks is not None else None),
+            **cfg.estimator_options)
+        adv_metrics = credit.metrics
+        adv = transform_advantages(credit.advantages, cfg.reshape).to(mask.device) * mask
         timings["time/reward"] = time.time() - t0
 
         # -- update ---------------------------------------------------------------------
@@ -434,8 +433,7 @@ class Trainer:
         for b, r in enumerate(rollouts):
             old_logp[b, :len(r.logprobs)] = torch.tensor(r.logprobs, dtype=mask.dtype)
         upd = self._update(batch, old_logp, adv, scfg.temperature)
-        if self.forking and cfg.fork.baseline == "ema":
-            self.policy.update_baseline(cfg.fork.beta)  # theta_b <- beta theta_b + (1-beta) theta
+        self.forks.after_update(self.policy)  # the EMA baseline follows the policy
         timings["time/update"] = time.time() - t0
         self.sched.step()
         self.reshaper.advance()
@@ -469,7 +467,7 @@ class Trainer:
         if self.is_main:
             self.run.append("metrics.jsonl", row)
             self._log_rollouts(records)
-            self._log_anchors(extra.get("anchors"))
+            self._log_anchors(credit.artifacts.get("anchors"))
         self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
 
@@ -483,64 +481,25 @@ class Trainer:
             for t, f in zip(todo, fb):
                 self._buggy_r_test[t.task_id] = test_term(f.components, self.cfg.reshape)
 
-    def _fork_phase(self, rollouts: list[Rollout], kv, task_of: list[RepairTask], fb,
-                    scfg: SamplingConfig) -> dict:
-        """Counterfactual forks of this step's rollouts (``didpo_fork``): choose positions,
-        let the baseline propose alternatives and the policy continue (prefix caches from
-        sampling), execute the forks like the factual rollouts, and return
-        ``{"sites": fork_sites(...), "fork/...": metrics}`` with
-        ``dR = R(factual) - R(fork)``, both reshaped by the same reshaper. The one-off
-        ``r_progress`` bonus is left out of both (it belongs to the step, not the program)."""
-        from labkit.policy import forking as fk
-
-        cfg, fc = self.cfg, self.cfg.fork
-        t0 = time.time()
-        entropy = None
-        if fc.strategy == "entropy":
-            entropy = fk.token_entropy(self.policy.model, rollouts, self.policy.tokenizer.pad_token_id,
-                                       scfg.temperature)
-        positions = fk.choose_positions(
-            rollouts, fk.PositionConfig(fc.strategy, fc.fraction, fc.budget,
-                                        seed=derive_seed(cfg.seed, "fork-positions", self.step,
-                                                         *self._rank_key())),
-            buggy_code={t.task_id: t.buggy_code for t in task_of}, entropy=entropy)
-        fcfg = fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size,
-                                           seed=derive_seed(cfg.seed, "fork", self.step, *self._rank_key()))
-        forks = fk.fork(self.policy, rollouts, positions, fcfg, kv=kv, baseline=self.policy.baseline())
-        gen_s = time.time() - t0
-
-        t0 = time.time()
-        parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
-        rows = [parent[(f.task_id, f.parent_sample)] for f in forks.forks]
-        cf_tasks = [task_of[b] for b in rows]
-        if self.reward_fn is not None:
-            cf_comps = [dict(c) for c in self.reward_fn(cf_tasks, [f.rollout for f in forks.forks])]
-        else:
-            cf_comps = [f.components for f in evaluate_many(
-                cf_tasks, [f.rollout.code for f in forks.forks], config=cfg.feedback,
-                sandbox=self.sandbox, seed=derive_seed(cfg.seed, "fork-feedback", self.step))]
-        exec_s = time.time() - t0
+    def _fork_rewards(self, fb, task_of: Sequence[RepairTask]) -> list[float]:
+        """The factual reward of every row as forks are compared with it: reshaped like the
+        step's reward, without the one-off ``r_progress`` bonus (it belongs to the step, not
+        to the program)."""
         buggy = [self._buggy_r_test.get(t.task_id) for t in task_of]
-        r_fact, _ = self.reshaper.rewards([{**f.components, "r_progress": 0.0} for f in fb], buggy)
-        r_cf, _ = self.reshaper.rewards([{**c, "r_progress": 0.0} for c in cf_comps],
-                                        [buggy[b] for b in rows])
-        sites = fork_sites(rows, [f.t for f in forks.forks], r_fact[rows].tolist(), r_cf.tolist())
-        n = len(forks.forks)
-        return {"sites": sites, "fork/n": float(n),
-                "fork/tokens_generated": float(forks.stats.generated_tokens),
-                "fork/differs_frac": sum(f.differs for f in forks.forks) / max(n, 1),
-                "fork/recomputed_fraction": forks.stats.recomputed_fraction,
-                "fork/gen_s": gen_s, "fork/exec_s": exec_s}
+        return self.reshaper.rewards([{**f.components, "r_progress": 0.0} for f in fb], buggy)[0].tolist()
 
-    @contextlib.contextmanager
-    def _kl_target(self):
-        """The policy the KL term pulls towards: the reference, or the fork baseline when
-        ``fork.kl_to_baseline`` (and the estimator forks)."""
-        if self.forking and self.cfg.fork.kl_to_baseline:
-            yield self.policy.baseline()
-        else:
-            with self.policy.reference() as ref:
-                yield ref
+    def _fork_score(self, step: int):
+        """``score(tasks, forks)``: each fork executed and reshaped like a factual rollout."""
+        def score(tasks: Sequence[RepairTask], rollouts: Sequence[Rollout]) -> list[float]:
+            if self.reward_fn is not None:
+                comps = [dict(c) for c in self.reward_fn(list(tasks), list(rollouts))]
+            else:
+                comps = [f.components for f in evaluate_many(
+                    tasks, [r.code for r in rollouts], config=self.cfg.feedback, sandbox=self.sandbox,
+                    seed=derive_seed(self.cfg.seed, "fork-feedback", step))]
+            buggy = [self._buggy_r_test.get(t.task_id) for t in tasks]
+            return self.reshaper.rewards([{**c, "r_progress": 0.0} for c in comps], buggy)[0].tolist()
+        return score
 
     @property
     def loss_horizon(self) -> int:
@@ -558,7 +517,7 @@ class Trainer:
         mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
         ref_logp = None
         if cfg.kl_coef > 0:
-            with torch.no_grad(), self._kl_target() as ref:
+            with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
                 ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
                                       for mb in mbs])  # [B, T]
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
@@ -679,8 +638,7 @@ class Trainer:
                  "curriculum": self.curriculum.state_dict() if self.curriculum else None,
                  "buggy_r_test": self._buggy_r_test, "lora": self.policy.is_lora}
         (tmp / "state.json").write_text(json.dumps(state))
-        if self.forking:  # the fork baseline (EMA or frozen start), trainable parameters only
-            torch.save(_baseline_state(self.policy), tmp / "baseline.pt")
+        self.forks.save(self.policy, tmp)  # the fork baseline, when the estimator forks
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -753,14 +711,10 @@ class Trainer:
         if self.curriculum is not None and state["curriculum"]:
             self.curriculum.load_state_dict(state["curriculum"])
         self._buggy_r_test = dict(state["buggy_r_test"])
-        if self.forking:
-            if not (path / "baseline.pt").exists():
-                raise CheckpointError(f"checkpoint {path} has no baseline.pt: it was not saved by a "
-                                      f"forking run, but estimator {self.cfg.estimator!r} forks")
-            base = dict(self.policy.baseline().named_parameters())
-            with torch.no_grad():
-                for n, v in torch.load(path / "baseline.pt", weights_only=True).items():
-                    base[n].copy_(v)
+        try:
+            self.forks.load(self.policy, path)  # the fork baseline, when the estimator forks
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{e} (estimator {self.cfg.estimator!r})") from None
         self.step = int(state["step"])
         self._resumed = True
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
@@ -805,13 +759,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
             if p.is_dir() and (p / "COMPLETE").exists()]
     return done[-1] if done else None
-
-
-def _baseline_state(policy) -> dict:
-    """The fork baseline's parameters whose policy counterpart is trainable (the others
-    never move, so the EMA leaves them equal to the loaded weights)."""
-    trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
-    return {n: p.detach().cpu() for n, p in policy.baseline().named_parameters() if n in trainable}
 
 
 def _slice(batch: dict, idx: list[int]) -> dict:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from labkit.env.edits import Hunk, hunk_char_span, revert_hunks, split_hunks  # noqa: F401 (re-exported)
-from labkit.env.records import Candidate, RepairTask, SandboxResult
+from labkit.env.edits import (Hunk, hunk_char_span, revert_hunks, rollout_hunks,  # noqa: F401
+                               split_hunks)
 from labkit.registry import Registry
 from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
@@ -622,91 +622,10 @@ def fork(policy, rollouts: Sequence[Rollout], positions: Sequence[Sequence[int]]
     return batch
 
 
-# ============================================================================= edit-level counterfactuals
-
-
-def _touching(span: tuple[int, int], length: int) -> tuple[int, int]:
-    """A non-empty character span: an empty one widened to the character at its place."""
-    a, b = span
-    return (a, b) if b > a else (min(a, max(length - 1, 0)), min(a, max(length - 1, 0)) + 1)
-
-
-def completion_span(rollout: Rollout, span: tuple[int, int]) -> tuple[int, int] | None:
-    """A character span of ``rollout.code`` as one of ``rollout.completion`` (None when the
-    code is not a substring of the completion)."""
-    if rollout.code_start < 0:
-        return None
-    return rollout.code_start + span[0], rollout.code_start + span[1]
+# ============================================================================= edits
 
 
 def changed_tokens(rollout: Rollout, buggy_code: str) -> list[int]:
     """Completion tokens inside the edit: those overlapping a hunk of ``rollout.code``
     against ``buggy_code`` (a deleted run marks the token where it was)."""
-    out: set[int] = set()
-    for hunk in split_hunks(buggy_code, rollout.code):
-        span = completion_span(rollout, _touching(hunk_char_span(rollout.code, hunk),
-                                                  len(rollout.code.rstrip("\n"))))
-        if span is not None:
-            out.update(rollout.tokens_in_span(*span))
-    return sorted(out)
-
-
-@dataclass(frozen=True)
-class HunkEffect:
-    """The effect of one hunk of a candidate: ``R(candidate) - R(candidate without hunk k)``."""
-
-    task_id: str
-    sample: int
-    k: int
-    hunk: Hunk
-    char_span: tuple[int, int]
-    """The hunk's characters in the candidate code (``rollout.code``)."""
-    tokens: tuple[int, ...]
-    """Completion tokens overlapping the hunk (empty when the code is not a substring)."""
-    reward: float
-    reward_without: float
-    effect: float
-
-
-def pass_fraction(result: SandboxResult) -> float:
-    """The default reward: ``passed / total`` of the hidden tests."""
-    return result.fraction
-
-
-def hunk_effects(rollouts: Sequence[Rollout], tasks: Mapping[str, RepairTask], *,
-                 run: Callable[[Sequence[Candidate]], list[SandboxResult]] | None = None,
-                 reward: Callable[[SandboxResult], float] = pass_fraction) -> list[HunkEffect]:
-    """Edit-level counterfactuals, the ground truth for credit estimators.
-
-    For each rollout's code ``c`` with hunks ``h_1..h_K`` against its task's buggy code:
-    ``effect_k = R(c) - R(c without h_k)`` (:func:`revert_hunks`), ``R = reward(result)``
-    on the task's hidden tests. Every distinct program runs once, all in one ``run`` batch
-    (default :func:`labkit.env.sandbox.run_many`).
-    """
-    if run is None:
-        from labkit.env.sandbox import run_many as run
-    plans = []
-    programs: dict[tuple[str, str], Candidate] = {}
-    for r in rollouts:
-        task = tasks[r.task_id]
-        hunks = split_hunks(task.buggy_code, r.code)
-        variants = [r.code] + [revert_hunks(r.code, hunks, [k]) for k in range(len(hunks))]
-        for code in variants:
-            programs.setdefault((r.task_id, code), Candidate(
-                code=code, tests=task.tests, entry_point=task.entry_point,
-                id=f"{r.task_id}#{len(programs)}"))
-        plans.append((r, hunks, variants))
-    keys = list(programs)
-    results = dict(zip(keys, run([programs[key] for key in keys])))
-    out = []
-    for r, hunks, variants in plans:
-        full = reward(results[(r.task_id, variants[0])])
-        for k, hunk in enumerate(hunks):
-            without = reward(results[(r.task_id, variants[k + 1])])
-            span = hunk_char_span(r.code, hunk)
-            where = completion_span(r, _touching(span, len(r.code.rstrip("\n"))))
-            out.append(HunkEffect(task_id=r.task_id, sample=r.sample, k=k, hunk=hunk,
-                                  char_span=span,
-                                  tokens=tuple(r.tokens_in_span(*where)) if where else (),
-                                  reward=full, reward_without=without, effect=full - without))
-    return out
+    return sorted({t for h in rollout_hunks(rollout, buggy_code) for t in h.tokens})

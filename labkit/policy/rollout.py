@@ -18,13 +18,13 @@ continue from a factual prefix without encoding it again.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from labkit.env.records import RepairTask
+from labkit.env.records import RepairTask, Rollout  # noqa: F401 (Rollout re-exported)
 from labkit.policy.prompts import build_prompt, extract_code
 
 
@@ -67,41 +67,6 @@ class SamplingConfig:
             raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (use a tiny value for near-greedy)")
-
-
-@dataclass
-class Rollout:
-    """One sampled completion for one task (a plain record; ``to_dict`` for JSONL)."""
-
-    task_id: str
-    sample: int
-    prompt: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    completion: str
-    code: str
-    code_start: int
-    """Character offset of ``code`` inside ``completion`` (-1 when not a substring)."""
-    offsets: list[tuple[int, int]]
-    """``offsets[i]`` = (start, end) characters of completion token i in ``completion``."""
-    finished: bool
-    """True when the completion ended with EOS or a stop string (not cut by max_new_tokens)."""
-    temperature: float = 1.0
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.completion_ids)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["offsets"] = [list(o) for o in self.offsets]
-        return d
-
-    def tokens_in_span(self, start: int, end: int) -> list[int]:
-        """Indices of completion tokens overlapping characters ``[start, end)`` of the completion."""
-        return [i for i, (a, b) in enumerate(self.offsets) if a < end and b > start and b > a]
 
 
 @dataclass(frozen=True)

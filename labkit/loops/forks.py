@@ -1,0 +1,219 @@
+"""Counterfactual forks as the loops floor makes them: measured once, used by the trainer,
+the credit experiment and notebook 03.
+
+:func:`measure_forks` chooses fork positions, lets a baseline policy propose an alternative
+token at each, lets the current policy continue (reusing the factual prefix caches when
+given), scores every fork with the caller's ``score`` function and returns the
+:class:`~labkit.credit.advantages.ForkSites` an estimator reads
+(``dR = R(factual) - R(fork)``), with the forks themselves and their cost.
+
+:class:`ForkCredit` is what a trainer holds when its estimator needs forks: the baseline
+(EMA or frozen), sampling that keeps the caches, the measurement, the KL target, the EMA
+update and its checkpoint state. :class:`NoForks` has the same hooks and does nothing, so
+the trainer never asks which estimator it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from labkit.credit.advantages import ForkSites
+from labkit.credit.fork_credit import fork_sites
+from labkit.env.records import RepairTask, Rollout
+from labkit.policy import forking as fk
+from labkit.policy.rollout import SamplingConfig, sample, sample_with_cache
+
+Score = Callable[[Sequence[RepairTask], Sequence[Rollout]], Sequence[float]]
+"""``score(tasks, rollouts) -> rewards``, one per rollout (the forks are rollouts too)."""
+
+
+@dataclass
+class ForkCreditConfig:
+    """How the trainer makes the forks of ``didpo_fork`` (``TrainConfig.fork``).
+
+    Cost per step: ``sum_i min(budget, ceil(fraction * n_i))`` forks, each one baseline
+    forward row, one re-encoded position and up to ``max_new_tokens - t - 1`` generated
+    tokens, then one sandbox run; the trainer logs it as ``fork/*`` and ``time/fork``.
+    """
+
+    strategy: str = "uniform"
+    """Where to fork: ``uniform``, ``diff`` (tokens inside the edit) or ``entropy`` (the
+    policy's least sure steps), :data:`labkit.policy.forking.POSITION_STRATEGIES`."""
+    fraction: float = 0.2
+    """Forks per completion token (the reading's ~20% step sub-sampling)."""
+    budget: int = 8
+    """At most this many forks per rollout: bounds the cost of long completions."""
+    baseline: Literal["ema", "frozen"] = "ema"
+    """Who proposes the alternative token: ``ema``, ``theta_b <- beta theta_b + (1 - beta)
+    theta`` after every step, or ``frozen``, the starting policy. Both are saved in the
+    checkpoint (``baseline.pt``)."""
+    beta: float = 0.99
+    """EMA decay of the ``ema`` baseline (closer to 1: slower to follow the policy)."""
+    kl_to_baseline: bool = False
+    """Point the KL term (``loss.kl_coef``, ``loss.kl_estimator``) at the baseline instead of
+    the reference policy: ``beta_KL * KL(pi || pi_b)``, as in the reading."""
+    batch_size: int = 64
+    """Forks per ``generate`` call."""
+
+    def validate(self) -> None:
+        if self.strategy not in fk.POSITION_STRATEGIES:
+            raise ValueError(f"fork.strategy {self.strategy!r} is not a position strategy; "
+                             f"registered: {sorted(fk.POSITION_STRATEGIES)}")
+        if not 0 < self.fraction <= 1 or self.budget < 1 or self.batch_size < 1:
+            raise ValueError("fork.fraction must be in (0, 1], fork.budget and "
+                             "fork.batch_size >= 1")
+        if not 0 <= self.beta < 1:
+            raise ValueError("fork.beta must be in [0, 1)")
+        if self.baseline not in ("ema", "frozen"):
+            raise ValueError(f"fork.baseline must be 'ema' or 'frozen', not {self.baseline!r}")
+
+
+
+@dataclass
+class ForkMeasurement:
+    """Forks of one batch, executed and scored."""
+
+    sites: ForkSites
+    """What the estimator reads: row, token and ``dR`` of every fork."""
+    batch: fk.ForkBatch
+    """The forks themselves (tokens, lineage, cost statistics)."""
+    rows: list[int]
+    """The parent row of every fork."""
+    counterfactual: list[float]
+    """``R(fork)`` of every fork."""
+    positions: list[list[int]]
+    """The positions chosen in each rollout."""
+    gen_s: float
+    exec_s: float
+
+    def metrics(self) -> dict[str, float]:
+        """``fork/*`` metrics of the trainer's log."""
+        n = len(self.batch.forks)
+        return {"fork/n": float(n), "fork/tokens_generated": float(self.batch.stats.generated_tokens),
+                "fork/differs_frac": sum(f.differs for f in self.batch.forks) / max(n, 1),
+                "fork/recomputed_fraction": self.batch.stats.recomputed_fraction,
+                "fork/gen_s": self.gen_s, "fork/exec_s": self.exec_s}
+
+
+def measure_forks(policy, rollouts: Sequence[Rollout], tasks: Sequence[RepairTask],
+                  factual: Sequence[float], score: Score, positions: fk.PositionConfig,
+                  fork_config: fk.ForkConfig, *, kv=None, baseline=None,
+                  entropy: Sequence[Sequence[float]] | None = None) -> ForkMeasurement:
+    """Fork ``rollouts`` (row ``b`` for task ``tasks[b]``, factual reward ``factual[b]``) at
+    positions chosen by ``positions``, continue each fork with the current policy, score the
+    forks with ``score`` and return ``dR = factual - R(fork)`` per fork.
+
+    ``baseline`` proposes the alternatives (default ``policy.baseline()``); ``kv`` are the
+    factual prefix caches of :func:`labkit.policy.rollout.sample_with_cache`; ``entropy`` the
+    per-token entropies the ``entropy`` position strategy needs (computed when missing)."""
+    t0 = time.time()
+    if positions.strategy == "entropy" and entropy is None:
+        entropy = fk.token_entropy(policy.model, rollouts, policy.tokenizer.pad_token_id,
+                                   fork_config.temperature)
+    where = fk.choose_positions(rollouts, positions,
+                                buggy_code={t.task_id: t.buggy_code for t in tasks}, entropy=entropy)
+    batch = fk.fork(policy, rollouts, where, fork_config, kv=kv,
+                    baseline=policy.baseline() if baseline is None else baseline)
+    gen_s = time.time() - t0
+    t0 = time.time()
+    parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
+    rows = [parent[(f.task_id, f.parent_sample)] for f in batch.forks]
+    counter = [float(x) for x in score([tasks[b] for b in rows], [f.rollout for f in batch.forks])]
+    exec_s = time.time() - t0
+    sites = fork_sites(rows, [f.t for f in batch.forks], [factual[b] for b in rows], counter)
+    return ForkMeasurement(sites, batch, rows, counter, [list(p) for p in where], gen_s, exec_s)
+
+
+# ============================================================================= trainer hooks
+
+
+class NoForks:
+    """The trainer's fork hooks for an estimator that needs no forks: plain sampling, the
+    reference policy as KL target, nothing to update or save."""
+
+    active = False
+
+    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
+        return sample(policy, tasks, cfg), None
+
+    def measure(self, *args, **kwargs) -> ForkMeasurement | None:
+        return None
+
+    @contextlib.contextmanager
+    def kl_target(self, policy):
+        with policy.reference() as ref:
+            yield ref
+
+    def after_update(self, policy) -> None:
+        return None
+
+    def save(self, policy, folder: Path) -> None:
+        return None
+
+    def load(self, policy, folder: Path) -> None:
+        return None
+
+
+class ForkCredit(NoForks):
+    """The trainer's fork hooks for an estimator that needs forks (``TrainConfig.fork``)."""
+
+    active = True
+
+    def __init__(self, policy, cfg: ForkCreditConfig):
+        self.cfg = cfg
+        policy.baseline()  # the starting policy: frozen, or the EMA's first value
+
+    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
+        """The same tokens as :func:`sample`, keeping the caches for the forks' prefixes."""
+        return sample_with_cache(policy, tasks, cfg)
+
+    def measure(self, policy, rollouts, tasks, factual: Callable[[], Sequence[float]], score: Score,
+                scfg: SamplingConfig, position_seed: int, fork_seed: int, kv=None) -> ForkMeasurement:
+        """Fork this step's rollouts (``factual()``: their rewards, computed only here)."""
+        fc = self.cfg
+        entropy = None
+        if fc.strategy == "entropy":
+            entropy = fk.token_entropy(policy.model, rollouts, policy.tokenizer.pad_token_id,
+                                       scfg.temperature)
+        return measure_forks(
+            policy, rollouts, tasks, factual(), score,
+            fk.PositionConfig(fc.strategy, fc.fraction, fc.budget, seed=position_seed),
+            fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size, seed=fork_seed),
+            kv=kv, baseline=policy.baseline(), entropy=entropy)
+
+    @contextlib.contextmanager
+    def kl_target(self, policy):
+        """The baseline when ``kl_to_baseline``, else the reference policy."""
+        if self.cfg.kl_to_baseline:
+            yield policy.baseline()
+        else:
+            with policy.reference() as ref:
+                yield ref
+
+    def after_update(self, policy) -> None:
+        if self.cfg.baseline == "ema":
+            policy.update_baseline(self.cfg.beta)  # theta_b <- beta theta_b + (1-beta) theta
+
+    def save(self, policy, folder: Path) -> None:
+        """The baseline's parameters whose policy counterpart is trainable (the others never
+        move, so the EMA leaves them equal to the loaded weights)."""
+        trainable = {n for n, p in policy.model.named_parameters() if p.requires_grad}
+        torch.save({n: p.detach().cpu() for n, p in policy.baseline().named_parameters()
+                    if n in trainable}, folder / "baseline.pt")
+
+    def load(self, policy, folder: Path) -> None:
+        path = folder / "baseline.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint {folder} has no baseline.pt: it was not saved by "
+                                    "a forking run, but this estimator forks")
+        base = dict(policy.baseline().named_parameters())
+        with torch.no_grad():
+            for n, v in torch.load(path, weights_only=True).items():
+                base[n].copy_(v)
