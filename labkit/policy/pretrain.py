@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import shlex
 import sys
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.config import to_record
+from labkit.env.augment import rename_identifiers
 from labkit.policy.loading import TINY_DIR
 from labkit.policy.prompts import training_text
 from labkit.policy.sft import SFTConfig
@@ -42,6 +44,11 @@ class PretrainConfig:
     1 = all). Below 1, RL on the train split meets templates SFT never showed."""
     multi_hunk_problems: int = 0
     """Synthetic train problems offered as two-bug multi-hunk tasks (about 40% give one)."""
+    renamed_copies: int = 0
+    """Per synthetic task, this many extra SFT pairs with the function, parameters and
+    locals renamed to random names (``labkit.env.augment.rename_identifiers``): the names
+    can then only be copied from the buggy code, which teaches copying instead of writing the
+    function from its description."""
     bugs_per_problem: int = 3
     humaneval_bugs_per_problem: int = 1
     data_procs: int = 2
@@ -135,11 +142,13 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     syn = [t for t in syn + multi if in_template_share(t.meta["template"], cfg.template_share)]
     he = load_tasks("humaneval", split="train", seed=cfg.seed,
                     bugs_per_problem=cfg.humaneval_bugs_per_problem)
-    pairs = _pairs(syn) + _pairs(he)
+    rng = random.Random(f"labkit-pretrain-rename:{cfg.seed}")
+    renamed = [rename_identifiers(t, rng) for t in syn for _ in range(cfg.renamed_copies)]
+    pairs = _pairs(syn) + _pairs(renamed) + _pairs(he)
     sft_templates = sorted({t.meta["template"] for t in syn})
     timings["data_s"] = round(time.time() - t0, 1)
     print(f"data: {len(syn)} synthetic ({sum(t.difficulty > 1 for t in syn)} multi-hunk, "
-          f"{len(sft_templates)} templates) + {len(he)} HumanEval train pairs "
+          f"{len(sft_templates)} templates), {len(renamed)} renamed copies, {len(he)} HumanEval train pairs "
           f"({timings['data_s']} s)", flush=True)
 
     # -- tokenizer and model ------------------------------------------------------------
@@ -187,6 +196,7 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
         "config": to_record(cfg),
         "sft_templates": sft_templates,
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
+                 "renamed_pairs": len(renamed),
                  "multi_hunk_pairs": sum(t.difficulty > 1 for t in syn),
                  "sft_examples": sft["examples"], "dropped_too_long": sft["dropped_too_long"]},
         "model": {"parameters": n_params, "vocab": len(tok), "architecture": "LlamaForCausalLM"},
