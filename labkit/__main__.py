@@ -310,8 +310,15 @@ def cmd_experiment(args) -> int:
     md = module.run(exp)
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())
-    _emit({"experiment": args.name, "report": str(md),
-           **{f"{m}_delta": round(r["delta"][0], 4) for m, r in results.get("methods", {}).items()}})
+    groups = {"": results} if "methods" in results else {f"{k}/": v for k, v in results.get("regimes", {}).items()}
+    summary = {}
+    for prefix, res in groups.items():
+        for m, r in res.get("methods", {}).items():
+            if "delta" in r:
+                summary[f"{prefix}{m}_delta"] = round(r["delta"][0], 4)
+            if r.get("paired_change"):
+                summary[f"{prefix}{m}_paired_change"] = round(r["paired_change"]["mean"], 4)
+    _emit({"experiment": args.name, "report": str(md), **summary})
     return 0
 
 

@@ -192,28 +192,35 @@ def test_paired_difference_golden_and_bootstrap():
         paired_difference([0.1], [0.1, 0.2])
 
 
-def test_paired_section_pools_seeds_per_task_from_cached_evaluations(tmp_path):
-    from labkit.env.tasks import load_tasks
-    from labkit.experiments.reshaping import paired_section
+def test_add_paired_reads_cached_evaluations_and_intervals_are_over_seeds(tmp_path):
+    """Every run's paired.json is cached: nothing is evaluated, and the paired change's
+    interval is a t-interval over the seeds' mean changes."""
+    from labkit.experiments import ExperimentConfig, add_paired
+    from labkit.experiments.paired import held_out_tasks
+    from labkit.experiments.reshaping import method_difference
 
-    ids = [t.task_id for t in load_tasks("synthetic", split="test", n=3, seed=0)[:3]]
-    key = {"tasks": 3, "k": 4, "eval_seed": 4321, "task_ids": ids}
+    exp = ExperimentConfig(paired_tasks=3, paired_k=4, paired_start_k=4, seeds=(0, 1))
+    ids = [t.task_id for t in held_out_tasks(3)]
+    key = {"tasks": 3, "k": 4, "eval_seed": 4321, "temperature": 0.7, "task_ids": ids}
     start = [0.25, 0.5, 0.0]
-    ends = {0: [0.5, 0.5, 0.25], 1: [0.25, 0.75, 0.0]}
-    results = {"methods": {"raw_grpo": {"seeds": []}}}
-    for seed, end in ends.items():
-        d = tmp_path / f"seed{seed}"
-        d.mkdir()
-        (d / "paired.json").write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
-        results["methods"]["raw_grpo"]["seeds"].append({"seed": seed, "run_dir": str(d)})
-    lines = paired_section(results, 3, 4)  # everything cached (start_k = k): nothing is evaluated
-    pooled = results["paired"]["methods"]["raw_grpo"]["pooled"]
-    # per task: mean over seeds of the end minus the start = (0.125, 0.125, 0.125)
-    assert pooled["mean"] == pytest.approx(0.125) and pooled["improved"] == 3
-    assert results["paired"]["methods"]["raw_grpo"]["seeds"]["0"]["mean"] == pytest.approx(1 / 6)
-    assert any("mean of seeds" in line and "+0.1250" in line for line in lines)
-
-
+    ends = {"raw_grpo": {0: [0.5, 0.5, 0.25], 1: [0.25, 0.75, 0.0]},
+            "reshaped_grpo": {0: [0.5, 0.75, 0.25], 1: [0.5, 0.75, 0.0]}}
+    results = {"methods": {m: {"seeds": []} for m in ends}}
+    for m, per in ends.items():
+        for seed, end in per.items():
+            d = tmp_path / m / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "paired.json").write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
+            results["methods"][m]["seeds"].append({"seed": seed, "run_dir": str(d)})
+    add_paired(results, exp)
+    raw = results["methods"]["raw_grpo"]["paired_change"]
+    assert raw["per_seed"] == {"0": pytest.approx(1 / 6), "1": pytest.approx(1 / 12)}
+    m, ci = 0.125, 12.706 * (1 / 12 / 2 ** 0.5) / 2 ** 0.5
+    assert raw["mean"] == pytest.approx(m) and raw["ci95"] == pytest.approx([m - ci, m + ci])
+    assert raw["over"] == "seeds" and raw["shown"] is False  # two seeds far apart: not shown
+    diff = method_difference(results, "raw_grpo", "reshaped_grpo")
+    assert diff["per_seed"] == {"0": pytest.approx(1 / 12), "1": pytest.approx(1 / 12)}
+    assert diff["ci95"] == pytest.approx([1 / 12, 1 / 12]) and diff["shown"] is True
 def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     """One seed, one step, paired evaluation on 2 tasks: the results file has the setting,
     the seeds and a paired change whose interval is over seeds (none for one seed)."""
@@ -233,3 +240,24 @@ def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
                                                    - res["paired"]["start_pass_at_1"])
     md = (tmp_path / "learning.md").read_text()
     assert "one seed: no interval" in md and "Paired held-out change" in md
+
+
+def test_experiment_reshaping_runs_every_regime(tmp_path):
+    sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
+            "eval_k=1", "train_problems=6", "paired_tasks=2", "paired_k=1", "paired_start_k=1",
+            "regimes=dense,binary", f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "reshaping"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads((tmp_path / "reshaping.json").read_text())
+    assert set(res["regimes"]) == {"dense", "binary"} and res["seeds"] == [0]
+    for regime, r in res["regimes"].items():
+        assert set(r["methods"]) == {"raw_grpo", "reshaped_grpo"}
+        assert r["setting"]["feedback"] == regime
+        assert r["methods"]["raw_grpo"]["paired_change"]["over"] == "seeds"
+        assert r["reshaped_minus_raw"]["ci95"] is None  # one seed
+    runs = json.loads((tmp_path / "runs" / "reshaping" / "binary" / "raw_grpo" / "seed0" /
+                       "config.json").read_text())
+    assert runs["feedback"]["mode"] == "binary" and runs["reshape"]["w_precision"] == 0.0
+    last = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "binary/raw_grpo_paired_change" in last
