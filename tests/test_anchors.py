@@ -339,3 +339,33 @@ def test_estimator_needs_rollouts():
     inp = AdvantageInput(torch.zeros(2), ["t", "t"], torch.ones(2, 3))
     with pytest.raises(ValueError, match="rollouts"):
         compute_advantages("didpo", inp)
+
+
+# The within-rollout anti-correlation of A_D, by hand (docs/didpo.md). Line 2 holds the bug
+# (x - 1 should be x + 1); line 3 is fine. r0 makes the fix F and a stray edit S on line 3;
+# r1 and r2 make the fix only; r3 makes the stray edit only.
+BUGGY3 = "def h(x):\n    y = x - 1\n    z = y * 2\n    return z\n"
+FIX, STRAY = "    y = x + 1\n", "    z = y * 3\n"
+ANTI = [f"def h(x):\n{FIX}{STRAY}    return z\n", f"def h(x):\n{FIX}    z = y * 2\n    return z\n",
+        f"def h(x):\n{FIX}    z = y * 2\n    return z\n", f"def h(x):\n    y = x - 1\n{STRAY}    return z\n"]
+R3 = [0.75, 1.0, 1.0, 0.25]
+
+
+def test_a_real_fix_gets_a_lower_a_d_than_a_stray_edit_in_the_same_rollout():
+    """A_D = R_i - mean over the rollouts sharing the edit: the fix is shared with the
+    successful r1 and r2 (group mean 11/12), the stray edit with the failing r3 (mean 1/2),
+    so in r0 the fix gets 0.75 - 11/12 = -1/6 and the stray edit 0.75 - 1/2 = +1/4: the
+    opposite of their true effects. The labelled non-paper variant (group mean minus task
+    mean, task mean 3/4) gets the signs right: +1/6 and -1/4."""
+    rolls = [rollout(c, sample=i) for i, c in enumerate(ANTI)]
+    for form, fix_ad, stray_ad in (("paper", -1 / 6, 0.25), ("group_mean", 1 / 6, -0.25)):
+        anchors = task_anchors(rolls, R3, BUGGY3, ad_form=form)
+        by_text = {a.text: a for a in anchors}
+        fix = next(a for t, a in by_text.items() if "x + 1" in " ".join(t))
+        stray = next(a for t, a in by_text.items() if "y * 3" in " ".join(t))
+        assert sorted(m.rollout for m in fix.members) == [0, 1, 2]
+        assert sorted(m.rollout for m in stray.members) == [0, 3]
+        r0_fix = next(m.a_d for m in fix.members if m.rollout == 0)
+        r0_stray = next(m.a_d for m in stray.members if m.rollout == 0)
+        assert (r0_fix, r0_stray) == (pytest.approx(fix_ad), pytest.approx(stray_ad)), form
+    assert "didpo_group_mean" in ADVANTAGE_ESTIMATORS

@@ -69,6 +69,12 @@ class AnchorConfig:
     """``mul`` (paper), ``add`` or ``log`` (ablations, see :func:`groupability`)."""
     divide_std: bool = False
     """Divide ``A_D`` by the group's unbiased std (+1e-6); the paper does not."""
+    ad_form: Literal["paper", "group_mean"] = "paper"
+    """``paper``: ``A_D(i) = R_i - mean_{j in group} R_j``, member by member: within one
+    rollout a real fix (shared with successful rollouts, so a high group mean) gets a *lower*
+    ``A_D`` than a stray edit, by construction. ``group_mean`` (NOT in the paper, an
+    ablation): ``A_D = mean_{j in group} R_j - mean_{task} R``, the same for every member: how
+    much better the rollouts sharing the edit did than the task's average."""
     whole_diff: bool = False
     """Ablation: the whole root is the only unit (no alignment, no AST split)."""
     seed: int | str = 0
@@ -81,6 +87,8 @@ class AnchorConfig:
             raise ValueError("s0 and g0 must be > 0")
         if self.K < 0 or self.pair_budget < 0:
             raise ValueError("K and pair_budget must be >= 0")
+        if self.ad_form not in ("paper", "group_mean"):
+            raise ValueError(f"ad_form must be 'paper' or 'group_mean', not {self.ad_form!r}")
         if self.gs_form not in ("mul", "add", "log"):
             raise ValueError(f"gs_form must be 'mul', 'add' or 'log', not {self.gs_form!r}")
 
@@ -359,6 +367,7 @@ def select_anchors(units: Sequence[Unit], roots: Sequence[RootDiff], rollouts: S
             continue
         group = [rewards[b] for b in sorted(unit.lines)]
         mean = sum(group) / len(group)
+        task_mean = sum(rewards) / len(rewards)
         scale = 1.0
         if cfg.divide_std:
             scale = (statistics.stdev(group) if len(group) > 1 else 1.0) + EPS
@@ -370,7 +379,8 @@ def select_anchors(units: Sequence[Unit], roots: Sequence[RootDiff], rollouts: S
                             - claimed_tokens[b])
             claimed_lines[b].update(free[b])
             claimed_tokens[b].update(tokens)
-            members.append(Member(b, unit.size[b], rewards[b], (rewards[b] - mean) / scale,
+            a_d = ((rewards[b] - mean) if cfg.ad_form == "paper" else (mean - task_mean)) / scale
+            members.append(Member(b, unit.size[b], rewards[b], a_d,
                                   tuple(line.index for line in lines), spans, tuple(tokens)))
         anchors.append(Anchor(len(anchors), unit.text, unit.source, unit.L, len(unit.lines), gs,
                               tuple(members)))
@@ -482,6 +492,13 @@ def didpo_whole_diff(inp: AdvantageInput, **opts) -> AdvantageOutput:
 def didpo_additive_gs(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: additive groupability ``GS = (phi(L) + psi(n)) / 2``."""
     return didpo(inp, gs_form="add", **opts)
+
+
+@ADVANTAGE_ESTIMATORS.register("didpo_group_mean", needs=("rollouts", "tasks"), credit="token")
+def didpo_group_mean(inp: AdvantageInput, **opts) -> AdvantageOutput:
+    """NOT the paper's estimator (a labelled ablation): ``A_D`` of an anchor is its group's mean
+    reward minus the task's mean reward, the same for every member (``ad_form="group_mean"``)."""
+    return didpo(inp, ad_form="group_mean", **opts)
 
 
 # ----------------------------------------------------------------------------- inspection
