@@ -56,8 +56,11 @@ class PolicyConfig:
     lora: bool = False
     """Train LoRA adapters (peft) instead of all weights."""
     lora_r: int = 16
+    """LoRA rank r of the adapters (trainable parameters grow linearly with it)."""
     lora_alpha: int = 32
+    """LoRA scaling alpha: the adapters' update is scaled by alpha / r."""
     lora_dropout: float = 0.0
+    """Dropout on the adapters' input during training (0 = none)."""
     lora_targets: tuple[str, ...] = ()
     """Module names to adapt; empty = the default for the architecture (attention projections)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

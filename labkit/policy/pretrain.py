@@ -36,31 +36,42 @@ class PretrainConfig:
     """Everything that decides the shipped tiny model."""
 
     out: str = str(TINY_DIR)
+    """The model folder written (a Hugging Face folder plus ``manifest.json``)."""
     seed: int = 0
+    """Seeds the data streams, the tokenizer's data order, the initialisation and SFT."""
     synthetic_problems: int = 3000
     """Synthetic train problems; each gives ``bugs_per_problem`` validated buggy variants."""
     template_share: float = 1.0
     """Share of the training templates the SFT data may use (by a hash of the template id;
     1 = all). Below 1, RL on the train split meets templates SFT never showed."""
-    multi_hunk_problems: int = 0
+    multi_hunk_problems: int = 1000
     """Synthetic train problems offered as two-bug multi-hunk tasks (about 40% give one)."""
-    renamed_copies: int = 0
+    renamed_copies: int = 1
     """Per synthetic task, this many extra SFT pairs with the function, parameters and
     locals renamed to random names (``labkit.env.augment.rename_identifiers``): the names
     can then only be copied from the buggy code, which teaches copying instead of writing the
     function from its description."""
     bugs_per_problem: int = 3
+    """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
+    """Bug-injected variants per HumanEval train problem (a little out-of-family data)."""
     data_procs: int = 2
     """Processes building the synthetic training tasks (each with its own sandbox)."""
     vocab_size: int = 1024
+    """Byte-level BPE vocabulary trained on the SFT texts."""
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(time_budget_s=1200, batch_size=32,
-                                                             lr=3e-3, max_len=512))
+    """The Llama-style architecture (about 2M parameters by default)."""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(max_steps=2000, time_budget_s=0,
+                                                             batch_size=32, lr=3e-3, max_len=512))
+    """Supervised fine-tuning: a step budget (not wall time, so a loaded machine trains the
+    same model), cosine decay over it."""
     eval_synthetic_tasks: int = 200
+    """Held-out synthetic tasks of the quality evaluation (test split; half as many for the
+    in-template and multi-hunk rows)."""
     eval_humaneval_tasks: int = 0
     """0 = every bug-injected HumanEval test-split task."""
     eval_k: int = 8
+    """Samples per task of the quality evaluation (pass@1 and pass@8)."""
     snapshot_every: int = 0
     """Also save the model every N SFT steps under ``out/snapshots/step_N`` (0 = never): one
     run then shows how held-out quality moves with training length (mid-schedule snapshots:
