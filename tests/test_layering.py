@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ["env", "policy", "credit", "loops"]  # bottom to top; widgets sit above loops
+FLOORS = ["env", "policy", "credit", "loops", "integrations"]  # bottom to top; widgets above loops
 
 
 def _imports(path: Path) -> set[str]:
@@ -46,4 +46,12 @@ def test_the_credit_floor_reads_records_not_the_sampler():
     policy floor (sampling, forking, models)."""
     bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit" / "credit").rglob("*.py")
            for m in _imports(py) if m == "labkit.policy" or m.startswith("labkit.policy.")]
+    assert not bad, "\n".join(bad)
+
+
+def test_trl_and_verl_are_imported_only_by_the_integrations():
+    """TRL and verl are optional extras: the rest of labkit never imports them."""
+    bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit").rglob("*.py")
+           if "integrations" not in py.parts and "bench" not in py.parts
+           for m in _imports(py) if m.split(".")[0] in {"trl", "verl"}]
     assert not bad, "\n".join(bad)

@@ -1,0 +1,6 @@
+"""Adapters that run labkit's parts inside other trainers (a floor above ``loops``).
+
+``labkit.integrations.trl``: tasks, sandbox rewards and DiDPO credit in TRL's
+``GRPOTrainer``; ``labkit.integrations.verl``: a custom reward function and the parquet
+dataset for verl. The trainers are optional dependencies, imported only by these modules.
+"""
