@@ -106,7 +106,7 @@ class SandboxReward:
                 seed: int = 0) -> tuple[list[float], list[dict]]:
         """The recipe's rewards of ``codes`` for ``tasks`` and their components (the same
         functions labkit's own trainer calls)."""
-        todo = [t for t in dict.fromkeys(tasks) if t.task_id not in self._buggy]
+        todo = list({t.task_id: t for t in tasks if t.task_id not in self._buggy}.values())
         if todo:  # the precision gate's baseline: the buggy code's own signal, once per task
             base = evaluate_many(todo, [t.buggy_code for t in todo], config=self.feedback,
                                  sandbox=self.sandbox, seed=seed)
