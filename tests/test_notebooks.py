@@ -30,7 +30,8 @@ from labkit import lab
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ["00_tour", "01_tasks_and_sandbox", "02_reward_reshaping", "03_counterfactual_forking",
-            "04_anchor_grouping", "05_training", "06_mucode", "07_bring_your_own_model"]
+            "04_anchor_grouping", "05_training", "06_mucode", "07_bring_your_own_model",
+            "08_scale_out"]
 PATHS = [ROOT / "notebooks" / f"{n}.ipynb" for n in EXPECTED]
 ABSOLUTE = re.compile(r"""(["'])(/(home|root|work|tmp|Users|usr|opt|mnt|data)/|~/|[A-Za-z]:\\)""")
 
@@ -270,6 +271,13 @@ def check_07(n):
     if n["steps_with_signal"]:
         assert n["lora_weight_max_change"] > 0
     assert n["multiprocess_world_size"] is None  # not run in smoke
+
+
+def check_08(n):
+    assert n["tasks"] == 2 and n["steps"] == 1
+    assert n["grpo_reward_calls"] == 1 and n["rewards_equal"] is True
+    assert {"labkit/r_test", "labkit/r_feedback", "labkit/hack"} <= set(n["logged_components"])
+    assert len(n["didpo_advantages_shape"]) == 2 and n["credit_equal"] is True
 
 
 CHECKS = {name: globals()[f"check_{name[:2]}"] for name in EXPECTED}
