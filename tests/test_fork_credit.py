@@ -309,3 +309,16 @@ def test_within_rollout_agreement_removes_between_rollout_signal():
     assert c == [0, 0, 0, 0] and e == [0.5, -0.5, 0.5, -0.5]
     assert math.isnan(agreement(recs, "uniform", n_boot=10)["within_spearman"])
     assert agreement(recs, "local", n_boot=10)["within_spearman"] == pytest.approx(1.0)
+
+
+def test_credit_intervals_resample_whole_tasks():
+    """Hunks of one task share its rollouts: the interval resamples tasks (clusters), which
+    is wider than resampling hunks one by one when the hunks of a task agree."""
+    from labkit.experiments.credit import bootstrap_ci
+
+    x = [0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 0.5, 0.6, 0.7, 2.0, 2.1, 2.2]
+    y = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 2.0, 2.1, 2.2, 0.9, 1.0, 1.1]
+    tasks = [i // 3 for i in range(12)]
+    pairs = bootstrap_ci(x, y, spearman, n=400, seed=1)
+    clustered = bootstrap_ci(x, y, spearman, n=400, seed=1, clusters=tasks)
+    assert clustered[1] - clustered[0] > pairs[1] - pairs[0]

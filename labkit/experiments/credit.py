@@ -52,6 +52,11 @@ class Config:
     """Synthetic tasks of ``split`` (each gives ``group_size`` rollouts)."""
     humaneval_tasks: int = 24
     """At most this many bug-injected HumanEval tasks, among those that fit the context."""
+    n_bugs: int = 2
+    """Bugs per synthetic task; with ``multi_hunk`` each bug is its own, separately tested hunk,
+    so a rollout's hunks can be told apart (the premise of diff-level credit)."""
+    multi_hunk: bool = True
+    """Only separable multi-hunk tasks (``labkit.env.tasks.multi_hunk_catches``)."""
     split: str = "test"
     """Split of the synthetic tasks: ``test`` (templates training never sees), ``val``,
     ``train`` or ``in_template``. The first ``synthetic_tasks`` of a 200-task list (the size the
@@ -117,6 +122,7 @@ ESTIMATORS = {  # label -> (registered estimator, uses the fork options)
     "grpo": ("grpo", False),
     "didpo": ("didpo", False),
     "didpo (A_D only)": ("didpo_no_ae", False),
+    "didpo_group_mean (non-paper)": ("didpo_group_mean", False),
     "didpo_fork": ("didpo_fork", True),
     "didpo_fork (A_fork only)": ("didpo_fork_no_ae", True),
 }
@@ -150,15 +156,22 @@ def sign_agreement(credit, effect) -> float:
     return sum((c > 0) == (e > 0) and c != 0 for c, e in pairs) / len(pairs)
 
 
-def bootstrap_ci(x, y, stat, n: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of ``stat(x*, y*)`` over ``n`` resamples of the pairs
-    (resamples where the statistic is undefined are dropped)."""
+def bootstrap_ci(x, y, stat, n: int = 1000, seed: int = 0,
+                 clusters=None) -> tuple[float, float]:
+    """95% percentile interval of ``stat(x*, y*)`` over ``n`` resamples (resamples where the
+    statistic is undefined are dropped). With ``clusters`` (one id per pair, e.g. the task),
+    whole clusters are resampled: hunks of one task share its rollouts, so resampling them
+    one by one would make the interval too narrow."""
     if len(x) < 2 or n < 1:
         return math.nan, math.nan
     rng = random.Random(seed)
+    groups: dict = {}
+    for i, c in enumerate(clusters if clusters is not None else range(len(x))):
+        groups.setdefault(c, []).append(i)
+    members = list(groups.values())
     vals = []
     for _ in range(n):
-        idx = [rng.randrange(len(x)) for _ in range(len(x))]
+        idx = [i for _ in members for i in members[rng.randrange(len(members))]]
         v = stat([x[i] for i in idx], [y[i] for i in idx])
         if not math.isnan(v):
             vals.append(v)
@@ -174,21 +187,23 @@ def hunk_credit(adv: torch.Tensor, row: int, tokens) -> float:
     return round(adv[row, list(tokens)].double().mean().item(), 9)
 
 
-def within_rollout(records: list[dict], label: str) -> tuple[list[float], list[float]]:
+def within_rollout(records: list[dict], label: str, with_tasks: bool = False):
     """Credit and effect centred on their rollout's mean, over rollouts with at least two
-    hunks: what is left once differences between rollouts are removed."""
+    hunks: what is left once differences between rollouts are removed (``with_tasks``: also
+    each value's task, the bootstrap's cluster)."""
     by: dict = {}
     for r in records:
         by.setdefault((r["dataset"], r["task_id"], r["sample"]), []).append(r)
-    c, e = [], []
-    for rs in by.values():
+    c, e, t = [], [], []
+    for key, rs in by.items():
         if len(rs) < 2:
             continue
         mc = statistics.fmean(r["credit"][label] for r in rs)
         me = statistics.fmean(r["effect"] for r in rs)
         c += [round(r["credit"][label] - mc, 9) for r in rs]  # float noise is no signal
         e += [round(r["effect"] - me, 9) for r in rs]
-    return c, e
+        t += [key[:2]] * len(rs)
+    return (c, e, t) if with_tasks else (c, e)
 
 
 def agreement(records: list[dict], label: str, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -197,13 +212,16 @@ def agreement(records: list[dict], label: str, n_boot: int = 1000, seed: int = 0
     (:func:`within_rollout`)."""
     c = [r["credit"][label] for r in records]
     e = [r["effect"] for r in records]
-    lo, hi = bootstrap_ci(c, e, spearman, n_boot, seed)
-    wc, we = within_rollout(records, label)
+    tasks = [(r["dataset"], r["task_id"]) for r in records]
+    lo, hi = bootstrap_ci(c, e, spearman, n_boot, seed, clusters=tasks)
+    wc, we, wt = within_rollout(records, label, with_tasks=True)
     return {"spearman": spearman(c, e), "spearman_ci95": [lo, hi],
             "sign_agreement": sign_agreement(c, e),
+            "sign_ci95": list(bootstrap_ci(c, e, sign_agreement, n_boot, seed, clusters=tasks)),
             "credit_nonzero_frac": sum(v != 0 for v in c) / len(c) if c else math.nan,
             "within_spearman": spearman(wc, we), "within_hunks": len(wc),
-            "within_ci95": list(bootstrap_ci(wc, we, spearman, n_boot, seed))}
+            "within_ci95": list(bootstrap_ci(wc, we, spearman, n_boot, seed, clusters=wt)),
+            "intervals": "95% bootstrap over tasks (clusters)"}
 
 
 def agreement_table(records: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
@@ -352,8 +370,9 @@ def run(cfg: Config) -> Path:
     with Sandbox() as sandbox:
         runner = MemoRunner(sandbox)
         # the first tasks of a 200-task list (the size the lab evaluates on, so usually cached)
-        synth = load_tasks("synthetic", split=cfg.split, n=max(200, cfg.synthetic_tasks),
-                           seed=cfg.seed)[:cfg.synthetic_tasks]
+        n_problems = max(200, cfg.synthetic_tasks) * (4 if cfg.multi_hunk else 1)
+        synth = load_tasks("synthetic", split=cfg.split, n=n_problems, seed=cfg.seed,
+                           n_bugs=cfg.n_bugs, multi_hunk=cfg.multi_hunk)[:cfg.synthetic_tasks]
         datasets["synthetic"] = {"tasks": len(synth)}
         recs_s, cost_s = _dataset(policy, synth, cfg, "synthetic",
                                   lambda chunk: cfg.max_new_tokens, runner)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
-from labkit.experiments import RESULTS, ExperimentConfig, mean_ci95, run_methods, write_report
+from labkit.experiments import (RESULTS, ExperimentConfig, add_paired, mean_ci95, run_methods,
+                                write_report)
 
 
 @dataclass
@@ -26,22 +27,33 @@ class Config(ExperimentConfig):
 
     methods: tuple[str, ...] = ("grpo", "didpo", "didpo_fork")
     """Advantage estimators (``TrainConfig.estimator``) trained on every seed on the raw reward,
-    and timed side by side for the cost table. ``grpo`` reuses the reshaping experiment's
-    raw-GRPO runs when they match; ``grpo`` and ``didpo_fork`` together give the
+    and timed side by side for the cost table; ``grpo`` and ``didpo_fork`` together give the
     ``didpo_fork@wall`` row."""
-    ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff", "didpo_additive_gs")
+    ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff",
+                                  "didpo_additive_gs", "didpo_group_mean")
     """Estimators trained on ``ablation_seed`` only: DiDPO without ``A_E``, without ``A_D``
-    (GRPO), with the whole diff as the one unit of credit, with additive groupability
-    (:mod:`labkit.credit.anchors`); empty = none. They are not in the cost table."""
+    (GRPO), with the whole diff as the one unit of credit, with additive groupability, and the
+    labelled non-paper ``A_D`` = group mean minus task mean (:mod:`labkit.credit.anchors`);
+    empty = none. They are not in the cost table."""
     ablation_seed: int = 0
     """The one seed the ablations train on (one run each, so their intervals are n/a)."""
+    n_bugs: int = 2
+    """Two bugs per task, in separate hunks: DiDPO's premise is multi-region edits."""
+    multi_hunk: bool = True
+    """Only tasks whose bugs are separately tested hunks (a partial repair earns partial
+    reward)."""
     steps: int = 20
-    """Half the reshaping experiment's 40: GRPO here is that experiment's raw GRPO read at
-    step 20 (the same run), which keeps the whole comparison within a CPU afternoon."""
-    fork_steps: int = 2
-    """Steps for ``didpo_fork`` (0 = ``steps``). Forking costs several steps' compute, so a
-    smaller budget here gives it about GRPO's wall clock directly (``didpo_fork@wall``
-    still reads its curve at GRPO's measured wall time)."""
+    """Policy updates per run."""
+    fork_steps: int = 0
+    """Steps for ``didpo_fork`` (0 = ``steps``): with the small fork budget below it runs
+    GRPO's step count; a larger budget would need fewer steps to fit GRPO's wall clock."""
+    fork_fraction: float = 0.05
+    """Forks per completion token for ``didpo_fork`` (``fork.fraction``)."""
+    fork_budget: int = 2
+    """At most this many forks per completion (``fork.budget``): 1-2 at the highest-entropy
+    positions keep ``didpo_fork`` within about 1.5x GRPO's wall time per step."""
+    fork_strategy: str = "entropy"
+    """Where to fork (``fork.strategy``): the policy's least sure tokens."""
     cost_rounds: int = 2
     """Rounds of the side-by-side cost measurement (one step of every method per round)."""
     ablation_steps: int = 0
@@ -59,6 +71,8 @@ def _method(estimator: str):
 def _configure(exp: Config):
     def configure(method: str, cfg) -> None:
         cfg.estimator = method
+        cfg.fork.fraction, cfg.fork.budget = exp.fork_fraction, exp.fork_budget
+        cfg.fork.strategy = exp.fork_strategy
         if method.startswith("didpo_fork") and exp.fork_steps:
             cfg.steps = exp.fork_steps
             cfg.eval_every = min(cfg.eval_every, exp.fork_steps) if cfg.eval_every else 0
@@ -139,8 +153,7 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
 
 
 def run(exp: Config) -> Path:
-    main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure(exp),
-                       aliases={"grpo": "reshaping/raw_grpo"})  # the same run as raw GRPO there
+    main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure(exp))
     # Learning curves may come from runs made at other times; costs are measured here, now,
     # side by side, for every compared method (the equal-wall budget depends on them).
     main["step_costs_s"] = measure_step_costs(exp, tuple(exp.methods), exp.cost_rounds)
@@ -149,18 +162,27 @@ def run(exp: Config) -> Path:
         abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, one, configure=_configure(exp))
         for m, r in abl["methods"].items():
             main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
+        if exp.paired_tasks:
+            add_paired(abl, one)
+            for m, r in abl["methods"].items():
+                main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
+    if exp.paired_tasks:
+        add_paired(main, exp, methods=list(exp.methods))
     if "grpo" in main["methods"] and "didpo_fork" in main["methods"]:
         wall = equal_wall(main["methods"]["grpo"], main["methods"]["didpo_fork"], main["step_costs_s"])
         if wall["seeds"]:
             main["methods"]["didpo_fork@wall"] = wall
         main["didpo_fork@wall"] = wall
     notes = (
-        "All methods: the tiny default, raw reward (fraction of hidden tests passed), PPO-clip with "
+        f"Tasks: {exp.n_bugs} bugs per function in separate, separately tested hunks (multi-hunk), "
+        f"held-out split `{exp.split}`. All methods: the tiny default, raw reward (fraction of "
+        "hidden tests passed, so a partial repair earns partial reward), PPO-clip with "
         f"KL 0.01 (k3), lr {exp.lr}, {exp.steps} steps of {exp.tasks_per_step} tasks x {exp.group_size} "
         f"samples, seeds {list(exp.seeds)}; held-out pass@1 on {exp.eval_tasks} synthetic test tasks x "
         f"{exp.eval_k} samples at T = 0.7. Only the advantage estimator differs: `grpo` (sequence "
         "advantage broadcast to tokens), `didpo` (A_E + lambda A_D over diff anchors, lambda 1), "
-        "`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline). Ablations on seed "
+        f"`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline, at most "
+        f"{exp.fork_budget} forks per completion at `{exp.fork_strategy}` positions). Ablations on seed "
         f"{exp.ablation_seed} only. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
         + (f" `didpo_fork` runs {exp.fork_steps} steps (its cost per step is several of GRPO's)."
            if exp.fork_steps else "")
