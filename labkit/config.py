@@ -224,5 +224,10 @@ def load_yaml(cls: type[T], path: str | Path, overrides: list[str] | tuple[str, 
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({what}); fix that line of the file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text file (not UTF-8); pass a YAML config file") from None
     return apply_overrides(from_dict(cls, data, _where=p.name), list(overrides))

@@ -84,3 +84,13 @@ def test_nested_sections_merge_deeply():
 
     cfg = from_dict(Top, {"outer": {"inner": {"lr": 0.5}}})
     assert cfg.outer == Outer(steps=3, inner=Inner(lr=0.5, mode="z"))
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line_in_one_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("steps: 3\nloss:\n  kl_coef: [0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_yaml(FeedbackConfig, p)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{p}:4:" in msg and "not valid YAML" in msg
+    assert "unicode string" not in msg
