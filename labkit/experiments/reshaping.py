@@ -73,7 +73,9 @@ def run(exp: Config) -> Path:
              ""]
     for regime in exp.regimes:
         rexp = dataclasses.replace(exp, feedback=regime)
-        results = run_methods(f"reshaping/{regime}", {m: RESHAPING_METHODS[m] for m in exp.methods}, rexp)
+        # raw GRPO under dense feedback is the learning experiment's run when the budgets match
+        results = run_methods(f"reshaping/{regime}", {m: RESHAPING_METHODS[m] for m in exp.methods},
+                              rexp, aliases={"raw_grpo": "learning/grpo"})
         if exp.paired_tasks:
             add_paired(results, rexp)
         diff = (method_difference(results, "raw_grpo", "reshaped_grpo")
