@@ -75,7 +75,8 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     """Two methods, one seed, one step: trains, evaluates, writes md/json/html with the
     numbers the trainer logged."""
     sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
-            "eval_k=1", "train_problems=6", "methods=grpo,didpo", "ablations=", f"out={tmp_path}",
+            "eval_k=1", "train_problems=8", "methods=grpo,didpo", "ablations=", "paired_tasks=2",
+            "paired_k=1", "paired_start_k=1", f"out={tmp_path}",
             f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "didpo"] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -91,6 +92,10 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
         assert json.loads(evals[-1])["eval/pass_at_1"] == seed["pass_at_1_end"]
     assert "| grpo |" in (tmp_path / "didpo.md").read_text()
     assert set(res["step_costs_s"]) == {"grpo", "didpo"} and min(res["step_costs_s"].values()) > 0
+    assert res["setting"]["n_bugs"] == 2 and res["setting"]["multi_hunk"] is True
+    assert res["methods"]["didpo"]["paired_change"]["over"] == "seeds"
+    rolled = (tmp_path / "runs" / "didpo" / "didpo" / "seed0" / "rollouts.jsonl").read_text()
+    assert "/2bugs" in rolled  # multi-hunk tasks
     assert "measured side by side" in (tmp_path / "didpo.md").read_text()
     html = (tmp_path / "didpo.html").read_text()
     assert 'src="plotly.min.js"' in html and '"name":"grpo seed 0"' in html
