@@ -198,10 +198,10 @@ def test_paired_difference_golden_and_bootstrap():
 
 
 def test_add_paired_reads_cached_evaluations_and_intervals_are_over_seeds(tmp_path):
-    """Every run's paired.json is cached: nothing is evaluated, and the paired change's
+    """Every run's paired evaluation is cached: nothing is evaluated, and the paired change's
     interval is a t-interval over the seeds' mean changes."""
     from labkit.experiments import ExperimentConfig, add_paired
-    from labkit.experiments.paired import held_out_tasks
+    from labkit.experiments.paired import cache_name, held_out_tasks
     from labkit.experiments.reshaping import method_difference
 
     exp = ExperimentConfig(paired_tasks=3, paired_k=4, paired_start_k=4, seeds=(0, 1))
@@ -215,7 +215,7 @@ def test_add_paired_reads_cached_evaluations_and_intervals_are_over_seeds(tmp_pa
         for seed, end in per.items():
             d = tmp_path / m / f"seed{seed}"
             d.mkdir(parents=True)
-            (d / "paired.json").write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
+            (d / cache_name(ids)).write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
             results["methods"][m]["seeds"].append({"seed": seed, "run_dir": str(d)})
     add_paired(results, exp)
     raw = results["methods"]["raw_grpo"]["paired_change"]
@@ -266,3 +266,22 @@ def test_experiment_reshaping_runs_every_regime(tmp_path):
     assert runs["feedback"]["mode"] == "binary" and runs["reshape"]["w_precision"] == 0.0
     last = json.loads(p.stdout.strip().splitlines()[-1])
     assert "binary/raw_grpo_paired_change" in last
+
+
+def test_training_on_val_templates_is_evaluated_elsewhere_and_on_new_instances():
+    """RL on the ``val`` templates: the trainer refuses to evaluate on the split it trains on,
+    and the paired check of the trained templates uses instances no training problem is."""
+    from labkit.config import from_dict
+    from labkit.env.tasks import load_tasks
+    from labkit.experiments import ExperimentConfig, trained_template_tasks
+    from labkit.loops.trainer import TrainConfig
+
+    with pytest.raises(ValueError, match="split trained on"):
+        from_dict(TrainConfig, {"tasks": {"train_split": "val", "eval_split": "val"}}).validate()
+    with pytest.raises(ValueError, match="train_split must be"):
+        from_dict(TrainConfig, {"tasks": {"train_split": "test", "eval_split": "val"}}).validate()
+    exp = ExperimentConfig(train_split="val", train_problems=8, paired_tasks=5)
+    trained = {t.task_id.split("/")[1] for t in load_tasks("synthetic", split="val", n=8, seed=0)}
+    fresh = trained_template_tasks(exp)
+    assert len(fresh) == 5 and all(t.split == "val" for t in fresh)
+    assert not trained & {t.task_id.split("/")[1] for t in fresh}

@@ -59,6 +59,11 @@ class ExperimentConfig:
     task_seed: int = 0
     """Seed of the training and held-out task lists (``tasks.seed``), fixed across seeds and
     methods: every run trains on the same problems and is evaluated on the same tasks."""
+    train_split: str = "train"
+    """Split trained on (``tasks.train_split``): ``train``, the shipped model's SFT templates
+    (where it is strong and sure: few groups with signal), or ``val``, templates neither its
+    SFT data nor ``test`` holds (room to learn). With ``val`` the paired evaluation also
+    measures new instances of the trained templates (``paired_trained``)."""
     split: str = "test"
     """Held-out split evaluated on: ``test`` (templates training never saw), ``val``, or
     ``in_template`` (new instances of training templates)."""
@@ -127,7 +132,8 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
         "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
         "policy": {"spec": exp.policy, "reference": "auto"},
         "sampling": {"group_size": exp.group_size, "temperature": 1.0, "max_new_tokens": 320},
-        "tasks": {"source": "synthetic", "train_problems": exp.train_problems, "eval_split": exp.split,
+        "tasks": {"source": "synthetic", "train_problems": exp.train_problems,
+                  "train_split": exp.train_split, "eval_split": exp.split,
                   "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
                   "multi_hunk": exp.multi_hunk},
         "feedback": {"mode": exp.feedback},
@@ -184,7 +190,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
 
 def setting(exp: ExperimentConfig) -> dict:
     """What every results file says first: split, feedback regime, model, budget, seeds."""
-    return {"split": exp.split, "feedback": exp.feedback, "model": exp.policy,
+    return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback, "model": exp.policy,
             "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
             "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
             "task_seed": exp.task_seed, "seeds": list(exp.seeds),
@@ -196,12 +202,46 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     """Paired evaluation of every run of ``results`` (start vs final checkpoint, the same
     ``exp.paired_tasks`` held-out tasks and sampling seed); each method gets its
     ``paired_change`` (:func:`labkit.experiments.stats.paired_change`: the interval is over
-    seeds). Returns the raw paired evaluation (also stored under ``results["paired"]``)."""
-    from labkit.experiments import stats
-    from labkit.experiments.paired import held_out_tasks, paired_eval
+    seeds). When the runs trained on ``val`` templates, the same is measured on new instances
+    of those templates (``paired_trained_change``: what RL learnt where it trained, next to
+    what carried over to ``split``). Returns the raw paired evaluation of ``split`` (also
+    stored under ``results["paired"]``)."""
+    from labkit.experiments.paired import held_out_tasks
 
     methods = methods or list(results["methods"])
     tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk)
+    pe = _add_paired_on(results, exp, methods, tasks, "paired")
+    if exp.train_split != "train":
+        _add_paired_on(results, exp, methods, trained_template_tasks(exp), "paired_trained")
+    return pe
+
+
+def trained_template_tasks(exp: ExperimentConfig) -> list:
+    """``exp.paired_tasks`` new instances of the templates trained on (``exp.train_split``):
+    problems of another stream of the generator whose ids no training problem has."""
+    from labkit.env.tasks import load_tasks
+
+    def problem_id(task) -> str:
+        return task.task_id.split("/")[1]
+
+    kinds = {"n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk}
+    trained = {problem_id(t) for t in load_tasks("synthetic", split=exp.train_split,
+                                                 n=exp.train_problems, seed=exp.task_seed, **kinds)}
+    want = exp.paired_tasks * (4 if exp.multi_hunk else 1)
+    fresh = load_tasks("synthetic", split=exp.train_split, n=want + len(trained) // 4,
+                       seed=exp.task_seed + 1000, bugs_per_problem=1, **kinds)
+    out = [t for t in fresh if problem_id(t) not in trained][: exp.paired_tasks]
+    if len(out) < exp.paired_tasks:
+        raise ValueError(f"only {len(out)} new instances of the {exp.train_split!r} templates; "
+                         f"lower paired_tasks or train_problems")
+    return out
+
+
+def _add_paired_on(results: dict, exp: ExperimentConfig, methods: list[str], tasks: list,
+                   key: str) -> dict:
+    from labkit.experiments import stats
+    from labkit.experiments.paired import paired_eval
+
     dirs = [s["run_dir"] for m in methods for s in results["methods"][m]["seeds"]]
     pe = paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
     start = pe["start_per_task"]
@@ -211,36 +251,43 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
         for s in r["seeds"]:
             run = pe["runs"][str(s["run_dir"])]
             per_seed[s["seed"]] = [e - b for b, e in zip(start, run["end_per_task"])]
-            s["paired"] = {"end_pass_at_1": run["end_pass_at_1"], "change": run["mean"],
-                           "task_ci95": run["ci95"]}
-        r["paired_change"] = stats.paired_change(per_seed)
-        r["paired_start_pass_at_1"] = pe["start_pass_at_1"]
-    results["paired"] = {"tasks": pe["tasks"], "k": pe["k"], "start_k": pe["start_k"],
-                         "start_pass_at_1": pe["start_pass_at_1"]}
+            s[key] = {"end_pass_at_1": run["end_pass_at_1"], "change": run["mean"],
+                      "task_ci95": run["ci95"]}
+        r[f"{key}_change"] = stats.paired_change(per_seed)
+        r[f"{key}_start_pass_at_1"] = pe["start_pass_at_1"]
+    results[key] = {"tasks": pe["tasks"], "k": pe["k"], "start_k": pe["start_k"],
+                    "start_pass_at_1": pe["start_pass_at_1"]}
     return pe
 
 
 def paired_lines(results: dict) -> list[str]:
-    """The report's headline table: each method's paired change with its interval over seeds
-    (and, labelled, the hierarchical and task-only bootstraps)."""
+    """The report's headline tables: each method's paired change with its interval over seeds
+    (and, labelled, the hierarchical and task-only bootstraps), on the held-out split and, when
+    measured, on new instances of the templates trained on."""
     from labkit.experiments.stats import describe
 
-    p = results.get("paired")
-    if not p:
-        return []
-    lines = ["", f"## Paired held-out change ({p['tasks']} tasks of `{results['setting']['split']}`, "
-             f"start {p['start_pass_at_1']:.3f} with {p['start_k']} samples per task, each run's "
-             f"final checkpoint with {p['k']}, T = 0.7, one sampling seed)", "",
-             "| method | paired change, 95% CI over seeds | per seed | hierarchical bootstrap | "
-             "task-only bootstrap |", "|---|---|---|---|---|"]
-    for m, r in results["methods"].items():
-        c = r.get("paired_change")
-        if not c:
+    setting = results.get("setting", {})
+    titles = {"paired": f"Paired held-out change ({{tasks}} tasks of `{setting.get('split')}`",
+              "paired_trained": "Paired change on the templates trained on ({tasks} new instances "
+                                f"of `{setting.get('train_split')}`"}
+    lines: list[str] = []
+    for key, title in titles.items():
+        p = results.get(key)
+        if not p:
             continue
-        h, t = c["hierarchical_ci95"], c["task_bootstrap_ci95"]
-        lines.append(f"| {m} | {describe(c)} | {', '.join(f'{v:+.3f}' for v in c['per_seed'].values())} | "
-                     + (f"[{h[0]:+.3f}, {h[1]:+.3f}]" if h else "n/a") + f" | [{t[0]:+.3f}, {t[1]:+.3f}] |")
-    return lines + [""]
+        lines += ["", "## " + title.format(tasks=p["tasks"]) + f", start {p['start_pass_at_1']:.3f} with "
+                  f"{p['start_k']} samples per task, each run's final checkpoint with {p['k']}, "
+                  "T = 0.7, one sampling seed)", "",
+                  "| method | paired change, 95% CI over seeds | per seed | hierarchical bootstrap | "
+                  "task-only bootstrap |", "|---|---|---|---|---|"]
+        for m, r in results["methods"].items():
+            c = r.get(f"{key}_change")
+            if not c:
+                continue
+            h, t = c["hierarchical_ci95"], c["task_bootstrap_ci95"]
+            lines.append(f"| {m} | {describe(c)} | {', '.join(f'{v:+.3f}' for v in c['per_seed'].values())} | "
+                         + (f"[{h[0]:+.3f}, {h[1]:+.3f}]" if h else "n/a") + f" | [{t[0]:+.3f}, {t[1]:+.3f}] |")
+    return lines + [""] if lines else []
 
 
 def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:

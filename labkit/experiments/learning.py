@@ -36,5 +36,6 @@ def run(exp: Config) -> Path:
     notes = (f"Raw GRPO on the tiny model, `{exp.feedback}` feedback, {exp.steps} steps of "
              f"{exp.tasks_per_step} tasks x {exp.group_size} samples (T = 1.0), lr {exp.lr}, KL 0.01 "
              f"(k3), seeds {list(exp.seeds)}; training problems and held-out tasks from task seed "
-             f"{exp.task_seed} (the same for every seed); held-out split `{exp.split}`.")
+             f"{exp.task_seed} (the same for every seed); trained on split `{exp.train_split}`, "
+             f"held-out split `{exp.split}`.")
     return write_report(results, exp.out, "Does GRPO move the tiny model? (template-held-out)", notes)

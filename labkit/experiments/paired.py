@@ -9,6 +9,7 @@ over tasks, and writes the per-task counts as JSON (``--out``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import statistics
@@ -65,6 +66,11 @@ def held_out_tasks(n_tasks: int, split: str = "test", seed: int = 0, n_bugs: int
                       multi_hunk=multi_hunk)[:n_tasks]
 
 
+def cache_name(task_ids: Sequence[str]) -> str:
+    """File name of a run's cached paired evaluation on the tasks ``task_ids``."""
+    return "paired-" + hashlib.sha256("\n".join(task_ids).encode()).hexdigest()[:10] + ".json"
+
+
 def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: int = 4,
                 seed: int = 0, eval_seed: int = 4321, start_k: int | None = None,
                 temperature: float = 0.7) -> dict:
@@ -77,9 +83,10 @@ def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: 
     noise dominates the interval; a larger ``start_k`` shrinks it (the per-task difference
     of means stays unbiased).
 
-    Results are kept in ``<run>/paired.json`` (the run's per-task results, and the start's
-    per ``start_k``) and reused when the tasks, ``k``, temperature and seed match, so a
-    report can be rebuilt without evaluating again."""
+    Results are kept in ``<run>/paired-<h>.json``, ``h`` a hash of the task ids (the run's
+    per-task results, and the start's per ``start_k``), and reused when the tasks, ``k``,
+    temperature and seed match, so a report can be rebuilt without evaluating again and one
+    run can be compared on several task sets."""
     from labkit.env.sandbox import Sandbox
     from labkit.policy.evaluate import EvalConfig, evaluate
 
@@ -89,10 +96,11 @@ def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: 
     key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "temperature": temperature,
            "task_ids": [t.task_id for t in tasks]}
     skey = "start_per_task" if start_k == k else f"start_per_task_k{start_k}"
+    name = cache_name(key["task_ids"])
     cached = {}
     for d in run_dirs:
         try:
-            c = json.loads((Path(d) / "paired.json").read_text())
+            c = json.loads((Path(d) / name).read_text())
         except (OSError, ValueError):
             continue
         if all(c.get(x, 0.7 if x == "temperature" else None) == v for x, v in key.items()):
@@ -113,7 +121,7 @@ def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: 
             if "end_per_task" not in c:
                 c["end_per_task"] = per(evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox))
             c[skey] = start
-            (Path(d) / "paired.json").write_text(json.dumps(c))
+            (Path(d) / name).write_text(json.dumps(c))
             end = c["end_per_task"]
             out["runs"][str(d)] = {"end_pass_at_1": statistics.fmean(end), "end_per_task": end,
                                    **paired_difference(start, end)}

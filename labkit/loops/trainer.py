@@ -68,8 +68,13 @@ class TaskConfig:
     multi_hunk: bool = False
     """With ``n_bugs >= 2``: only tasks whose bugs are separate, separately tested hunks
     (``labkit.env.tasks.multi_hunk_catches``), the setting diff-level credit is made for."""
+    train_split: str = "train"
+    """Split the policy is trained on: ``train`` (the templates the shipped tiny model's SFT
+    data came from) or ``val`` (templates neither its SFT data nor ``test`` holds: RL on new
+    templates, where the tiny model has room to learn; docs/tasks.md)."""
     eval_split: str = "val"
-    """Held-out split: ``val`` or ``test`` (templates training never sees) or ``in_template``."""
+    """Held-out split: ``val`` or ``test`` (templates training never sees) or ``in_template``;
+    never the split trained on."""
     eval_tasks: int = 64
     """Held-out tasks evaluated every ``eval_every`` steps (0 = none)."""
     seed: int | None = None
@@ -208,6 +213,12 @@ class TrainConfig:
         if self.loss.horizon is not None and self.loss.horizon < 1:
             raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
                              f"got {self.loss.horizon}")
+        t = self.tasks
+        if t.train_split not in ("train", "val"):
+            raise ValueError(f"tasks.train_split must be 'train' or 'val', got {t.train_split!r}")
+        if t.eval_split == t.train_split:
+            raise ValueError(f"tasks.eval_split {t.eval_split!r} is the split trained on; evaluate "
+                             f"on another one (e.g. tasks.eval_split=test)")
 
 
 class CheckpointError(RuntimeError):
@@ -287,13 +298,13 @@ class Trainer:
 
         t = self.cfg.tasks
         if t.source == "records":
-            return _records_tasks(t.path, "train" if which == "train" else t.eval_split,
+            return _records_tasks(t.path, t.train_split if which == "train" else t.eval_split,
                                   t.eval_tasks if which != "train" else 0)
         seed = self.cfg.seed if t.seed is None else t.seed
         kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
         if which == "train":
             n = t.train_problems or None
-            return load_tasks(t.source, split="train", n=n, seed=seed, path=t.path,
+            return load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
                               bugs_per_problem=t.bugs_per_problem, **kinds)
         if not t.eval_tasks:
             return []
