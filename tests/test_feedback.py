@@ -189,3 +189,28 @@ def test_public_regime_pays_for_fitting_the_visible_examples_only():
     assert b.components["r_feedback"] == b.components["r_test"]  # dense: the two agree
     assert noisy[0].components["r_feedback"] == noisy[1].components["r_feedback"]  # seeded
     assert all(n.components["r_test"] == 1.0 for n in noisy)  # the truth is kept beside it
+
+
+def test_components_record_is_typed_and_reads_like_a_mapping():
+    from labkit.env.records import COMPONENT_NAMES, Components
+
+    c = Components.from_dict({"r_test": 0.5, "r_pass": 0})
+    assert c.r_feedback == 0.5 and c.r_compile == 1.0 and c.hack == 0.0  # the raw-reward defaults
+    assert list(c) == list(COMPONENT_NAMES) and dict(c) == c.to_dict() and c["r_pass"] == 0.0
+    assert {**c}["r_test"] == 0.5 and c.get("missing", 7) == 7 and "noop" in c
+    with pytest.raises(ValueError, match="unknown feedback components \\['r_tset'\\]"):
+        Components.from_dict({"r_test": 1.0, "r_pass": 1.0, "r_tset": 1.0})
+    with pytest.raises(ValueError, match="need \\['r_pass'\\]"):
+        Components.from_dict({"r_test": 1.0})
+    with pytest.raises(TypeError, match="r_style must be a number"):
+        Components(r_test=1.0, r_pass=1.0, r_style="high")
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.env.sandbox import Sandbox
+
+    suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
+    task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
+                      buggy_code=BUGGY, reference_code=FIXED, tests=suite, entry_point="f")
+    with Sandbox() as sb:
+        (made,) = fb.evaluate_many([task], [FIXED], sandbox=sb)
+    assert isinstance(made.components, Components) and made.components.r_pass == 1.0
+    assert made.to_dict()["components"] == made.components.to_dict()

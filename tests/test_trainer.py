@@ -282,3 +282,27 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     want = json.loads(GOLDEN.read_text())[estimator]
     assert [g[:4] for g in got] == [w[:4] for w in want]  # the same tokens
     assert [g[4:] for g in got] == [w[4:] for w in want]  # the same rewards and credit
+
+
+def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_model_dir, tmp_path):
+    """``rollouts.jsonl`` rows are :class:`RolloutRecord` dicts; with a user ``reward_fn`` they
+    say status ``custom`` and carry no tests (no made-up sandbox result); a row missing a field
+    is an error naming the file and line."""
+    from labkit.loops.records import RolloutRecord, read_rollouts
+    from labkit.loops.trainer import Trainer
+
+    def reward(tasks, rollouts):
+        return [{"r_test": float(i % 2), "r_pass": float(i % 2)} for i in range(len(rollouts))]
+
+    cfg = _cfg(tmp_path / "run", random_model_dir, steps=1)
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[], reward_fn=reward)
+    rows = tr.train(progress=False)
+    tr.close()
+    recs = read_rollouts(cfg.run_dir)
+    assert recs and all(r["status"] == "custom" and r["tests"] == [] for r in recs)
+    assert RolloutRecord.from_dict(recs[0]).to_dict() == recs[0]
+    assert not any(k.startswith("exec/") for k in rows[0]) and rows[0]["compile/fail"] == 0.0
+    path = tmp_path / "run" / "rollouts.jsonl"
+    path.write_text(path.read_text().splitlines()[0].replace('"reward"', '"rewrd"') + "\n")
+    with pytest.raises(ValueError, match=r"rollouts.jsonl:1: not a rollout record, missing \['reward'\]"):
+        read_rollouts(cfg.run_dir)

@@ -28,7 +28,7 @@ from labkit.credit.anchors import Anchor, anchor_records
 from widgets.colors import escape, symmetric_scale
 from widgets.diffview import DiffView
 from widgets.errors import shown_in
-from widgets.records import describe, open_run
+from widgets.records import describe, open_run, read_rollouts
 from widgets.tables import frame_html
 
 COLOR_BY = ("advantages", "a_d")
@@ -233,7 +233,7 @@ class AnchorView(ipw.VBox):
         records."""
         run = open_run(run_dir)
         step, task_id, anchors = pick_task(run.read("anchors.jsonl"), step, task_id)
-        recs = [r for r in run.read("rollouts.jsonl")
+        recs = [r for r in read_rollouts(run)
                 if r["step"] == step and r["task_id"] == task_id]
         caption = f"{task_id} at step {step}"
         return cls(anchors, records_by_rollout(recs, anchors), caption=caption, **kwargs)

@@ -29,7 +29,7 @@ from traitlets import Bool, List, Unicode
 
 from widgets.colors import escape, plotly_colorscale
 from widgets.errors import shown_in
-from widgets.records import at_step, open_run
+from widgets.records import at_step, open_run, read_rollouts
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean", "reward/r_test", "reward/r_pass", "reward/r_compile",
@@ -205,7 +205,7 @@ class TrainingDashboard(ipw.VBox):
         dash = cls(**kwargs)
         dash.eval_rows = run.read("eval.jsonl")
         dash.rows = run.read("metrics.jsonl")
-        rollouts = run.read("rollouts.jsonl")
+        rollouts = read_rollouts(run)
         dash.batch = at_step(rollouts) if rollouts else []
         dash.status = f"replay of {run.path}: {len(dash.rows)} steps"
         return dash

@@ -19,7 +19,7 @@ from traitlets import Instance, Int, List, TraitError, validate
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
 from widgets.colors import escape
 from widgets.diffview import DiffView
-from widgets.records import COMPONENTS, describe, group, open_run, sequence_advantage
+from widgets.records import COMPONENTS, describe, group, open_run, read_rollouts, sequence_advantage
 from widgets.tables import frame_html
 
 ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS.names(needs=()))
@@ -81,7 +81,7 @@ class AdvantageInspector(ipw.VBox):
                  **kwargs) -> AdvantageInspector:
         """The group of ``task_id`` at ``step`` in ``run_dir/rollouts.jsonl`` (defaults: the
         latest step, its first task)."""
-        return cls(group(open_run(run_dir).read("rollouts.jsonl"), step, task_id), **kwargs)
+        return cls(group(read_rollouts(open_run(run_dir)), step, task_id), **kwargs)
 
     @validate("records")
     def _check_group(self, proposal: Mapping) -> list:

@@ -1,9 +1,9 @@
 """Rollout records and run folders as the widgets read them.
 
 A record is one line of ``rollouts.jsonl`` (or one item of ``records`` in the trainer's
-``on_step_end`` event): ``step``, ``task_id``, ``sample``, ``completion``, ``offsets``,
-``logprobs``, ``components``, ``reward``, ``advantages`` and more (see
-``labkit.loops.trainer.Trainer._records``).
+``on_step_end`` event), a :class:`labkit.loops.records.RolloutRecord` as a dict: ``step``,
+``task_id``, ``sample``, ``completion``, ``offsets``, ``logprobs``, ``components``,
+``reward``, ``advantages`` and more; :func:`read_rollouts` reads and checks them.
 """
 
 from __future__ import annotations
@@ -11,11 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from labkit.env.records import COMPONENT_NAMES
 from labkit.loops.events import RunFolder
+from labkit.loops.records import read_rollouts
 
-COMPONENTS = ("r_test", "r_pass", "r_compile", "r_precision", "r_style", "r_progress", "hack",
-              "noop")
-"""The feedback components a record carries, in display order."""
+COMPONENTS = COMPONENT_NAMES
+"""The feedback components a record carries, in display order
+(:class:`labkit.env.records.Components`)."""
+
+__all__ = ["COMPONENTS", "at_step", "describe", "group", "open_run", "read_rollouts",
+           "sequence_advantage"]
 
 
 def open_run(run_dir: str | Path) -> RunFolder:

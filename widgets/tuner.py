@@ -28,7 +28,7 @@ from labkit.credit.reshaping import (COMPONENT_OFF, RECIPES, ReshapeConfig, Resh
                                      components_on, recipe, transform_advantages)
 from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
-from widgets.records import at_step, open_run
+from widgets.records import at_step, open_run, read_rollouts
 from widgets.tables import frame_html
 
 SLIDERS: tuple[tuple[str, float, float, float], ...] = (
@@ -225,7 +225,7 @@ class RewardTuner(ipw.VBox):
                  start: ReshapeConfig | None = None, estimator: str = "grpo") -> RewardTuner:
         """The batch of ``step`` (default: the latest) from ``run_dir/rollouts.jsonl``,
         starting from ``start`` (default: the run's own reshaping config)."""
-        records = at_step(open_run(run_dir).read("rollouts.jsonl"), step)
+        records = at_step(read_rollouts(open_run(run_dir)), step)
         return cls(records, start or run_reshape_config(run_dir), estimator)
 
     def _on_control(self, name: str, change: Mapping) -> None:

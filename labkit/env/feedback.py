@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
-from labkit.env.records import Candidate, RepairTask, SandboxResult, Status
+from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
@@ -512,14 +512,14 @@ class Feedback:
     """The named components for one candidate, with the sandbox result they came from."""
 
     task_id: str
-    components: dict[str, float]
+    components: Components
     result: SandboxResult
     style: StyleReport
     hack_flags: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"task_id": self.task_id, "components": dict(self.components),
+        return {"task_id": self.task_id, "components": self.components.to_dict(),
                 "result": self.result.to_dict(), "style_violations": list(self.style.violations),
                 "hack_flags": list(self.hack_flags)}
 
@@ -556,21 +556,21 @@ def evaluate_many(
     for i, (task, code) in enumerate(zip(tasks, codes)):
         result = runs[0][i]
         flags = hack_flags(result)
-        comps = {
-            "r_test": sum(r_test(run[i]) for run in runs) / len(runs),
-            "r_pass": r_pass(result),
-            "r_feedback": sum(r_feedback(run[i], cfg.mode, public=public[i] if public else None,
-                                         noise_p=cfg.noise_p, levels=cfg.coarse_levels,
-                                         rng=random.Random(f"{seed}:{i}:{k}"))
-                              for k, run in enumerate(runs)) / len(runs),
-            "r_compile": r_compile(code, result),
-            "r_precision": r_precision(task.buggy_code, code, cfg.precision_lambda,
-                                       cfg.precision_distance),
-            "r_style": styles[i].score,
-            "r_progress": progress.update(task.bug_kinds, result.ok) if progress else 0.0,
-            "hack": 1.0 if flags else 0.0,
-            "noop": 1.0 if is_noop(task.buggy_code, code) else 0.0,
-        }
+        comps = Components(
+            r_test=sum(r_test(run[i]) for run in runs) / len(runs),
+            r_pass=r_pass(result),
+            r_feedback=sum(r_feedback(run[i], cfg.mode, public=public[i] if public else None,
+                                      noise_p=cfg.noise_p, levels=cfg.coarse_levels,
+                                      rng=random.Random(f"{seed}:{i}:{k}"))
+                           for k, run in enumerate(runs)) / len(runs),
+            r_compile=r_compile(code, result),
+            r_precision=r_precision(task.buggy_code, code, cfg.precision_lambda,
+                                    cfg.precision_distance),
+            r_style=styles[i].score,
+            r_progress=progress.update(task.bug_kinds, result.ok) if progress else 0.0,
+            hack=1.0 if flags else 0.0,
+            noop=1.0 if is_noop(task.buggy_code, code) else 0.0,
+        )
         out.append(Feedback(task.task_id, comps, result, styles[i], flags))
     return out
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from labkit.env import plain
 
@@ -310,3 +311,79 @@ class Rollout:
     def tokens_in_span(self, start: int, end: int) -> list[int]:
         """Indices of completion tokens overlapping characters ``[start, end)`` of the completion."""
         return [i for i, (a, b) in enumerate(self.offsets) if a < end and b > start and b > a]
+
+
+# ----------------------------------------------------------------------------- feedback
+
+
+@dataclass(frozen=True)
+class Components(Mapping):
+    """The named feedback components of one candidate, made by
+    :func:`labkit.env.feedback.evaluate_many` and read by the reshaping floor, the trainer's
+    metrics and the widgets (the table of ``labkit.env.feedback``'s docstring defines each).
+
+    It is also a read-only mapping (``c["r_test"]``, ``dict(c)``, ``**c``) in
+    :data:`COMPONENT_NAMES` order, so a user ``reward_fn`` may return plain dicts:
+    :meth:`from_dict` needs ``r_test`` and ``r_pass`` and fills the rest with the values that
+    leave the reward as the raw test term (``r_feedback = r_test``, ``r_compile = 1``, the
+    bonuses 0)."""
+
+    r_test: float
+    """Fraction of the hidden tests passed."""
+    r_pass: float
+    """1 if every hidden test passed, else 0."""
+    r_feedback: float | None = None
+    """What the learner is told under the feedback regime; ``None`` means ``r_test`` (dense)."""
+    r_compile: float = 1.0
+    """1 if the candidate parses and its module loads."""
+    r_precision: float = 0.0
+    """``exp(-lambda d)``, the closeness of the edit to the buggy code."""
+    r_style: float = 0.0
+    """``exp(-alpha v)`` over style violations."""
+    r_progress: float = 0.0
+    """One-off bonus for a bug kind finally fixed."""
+    hack: float = 0.0
+    """1 if the syntax-tree scan raised a hack flag."""
+    noop: float = 0.0
+    """1 if the candidate is the buggy code unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.r_feedback is None:
+            object.__setattr__(self, "r_feedback", self.r_test)
+        for name in COMPONENT_NAMES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"feedback component {name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    def __getitem__(self, name: str) -> float:
+        if name not in COMPONENT_NAMES:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(COMPONENT_NAMES)
+
+    def __len__(self) -> int:
+        return len(COMPONENT_NAMES)
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in COMPONENT_NAMES}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, float]) -> "Components":
+        if isinstance(d, Components):
+            return d
+        unknown = sorted(set(d) - set(COMPONENT_NAMES))
+        if unknown:
+            raise ValueError(f"unknown feedback components {unknown}; the known ones are "
+                             f"{list(COMPONENT_NAMES)} (put other numbers in your own records)")
+        missing = [k for k in ("r_test", "r_pass") if k not in d]
+        if missing:
+            raise ValueError(f"feedback components need {missing} (got {sorted(d)})")
+        return cls(**d)
+
+
+COMPONENT_NAMES = ("r_test", "r_pass", "r_feedback", "r_compile", "r_precision", "r_style",
+                   "r_progress", "hack", "noop")
+"""The fields of :class:`Components`, in display order."""

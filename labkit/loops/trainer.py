@@ -41,10 +41,11 @@ from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, test_term,
                                      transform_advantages)
 from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
-from labkit.env.records import RepairTask
+from labkit.env.records import Components, RepairTask
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
+from labkit.loops.records import RolloutRecord
 from labkit.policy.loading import PolicyConfig, load_policy
 from labkit.policy.rollout import Rollout, SamplingConfig, collate, sequence_logprobs
 from labkit.seeding import derive_seed, seed_everything
@@ -403,7 +404,7 @@ class Trainer:
         t0 = time.time()
         task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
         if self.reward_fn is not None:
-            fb = [_CustomFeedback(c) for c in self.reward_fn(task_of, rollouts)]
+            fb = [_CustomFeedback(Components.from_dict(c)) for c in self.reward_fn(task_of, rollouts)]
         else:
             self._ensure_buggy_baseline(tasks)
             fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
@@ -466,9 +467,9 @@ class Trainer:
                **M.length_metrics([r.n_tokens for r in rollouts], [r.finished for r in rollouts]),
                **M.diversity_metrics(groups),
                **M.hack_metrics([f.hack_flags for f in fb]),
-               **M.compile_metrics(["syntax_error" in f.result.flags for f in fb],
-                                   [f.components.get("r_compile", 1.0) for f in fb]),
-               **M.status_metrics([f.result.status.value for f in fb]),
+               **M.compile_metrics([f.result is not None and "syntax_error" in f.result.flags
+                                    for f in fb], [f.components["r_compile"] for f in fb]),
+               **M.status_metrics([f.result.status.value for f in fb if f.result is not None]),
                "lr": self.opt.param_groups[0]["lr"],
                **fork_info, **timings, "time/step": time.time() - t_step}
         if "time/fork" in timings:  # what forking adds to a step without it
@@ -503,7 +504,7 @@ class Trainer:
         """``score(tasks, forks)``: each fork executed and reshaped like a factual rollout."""
         def score(tasks: Sequence[RepairTask], rollouts: Sequence[Rollout]) -> list[float]:
             if self.reward_fn is not None:
-                comps = [dict(c) for c in self.reward_fn(list(tasks), list(rollouts))]
+                comps = [Components.from_dict(c) for c in self.reward_fn(list(tasks), list(rollouts))]
             else:
                 comps = [f.components for f in evaluate_many(
                     tasks, [r.code for r in rollouts], config=self.cfg.feedback, sandbox=self.sandbox,
@@ -596,19 +597,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ records
     def _records(self, rollouts: list[Rollout], tasks, fb, rewards, adv) -> list[dict]:
+        """The step's :class:`RolloutRecord` rows (as dicts: what ``rollouts.jsonl`` holds)."""
         out = []
         for b, (r, t, f) in enumerate(zip(rollouts, tasks, fb)):
-            out.append({"step": self.step, "task_id": r.task_id, "sample": r.sample,
-                        "buggy_code": t.buggy_code, "completion": r.completion, "code": r.code,
-                        "code_start": r.code_start, "offsets": [list(o) for o in r.offsets],
-                        "token_ids": r.completion_ids, "logprobs": r.logprobs,
-                        "components": f.components, "reward": float(rewards[b]),
-                        "buggy_r_test": self._buggy_r_test.get(r.task_id),
-                        "advantages": adv[b, :r.n_tokens].tolist(), "status": f.result.status.value,
-                        "tests": [[o.name, o.ok] for o in f.result.outcomes],
-                        "tests_total": f.result.total,
-                        "public_tests": [c.name for c in t.public_tests.cases],
-                        "flags": list(f.hack_flags)})
+            res = f.result
+            out.append(RolloutRecord(
+                step=self.step, task_id=r.task_id, sample=r.sample, buggy_code=t.buggy_code,
+                completion=r.completion, code=r.code, code_start=r.code_start,
+                offsets=[list(o) for o in r.offsets], token_ids=r.completion_ids,
+                logprobs=r.logprobs, components=f.components.to_dict(), reward=float(rewards[b]),
+                buggy_r_test=self._buggy_r_test.get(r.task_id),
+                advantages=adv[b, :r.n_tokens].tolist(),
+                status=res.status.value if res is not None else "custom",
+                tests=[[o.name, o.ok] for o in res.outcomes] if res is not None else [],
+                tests_total=res.total if res is not None else None,
+                public_tests=[c.name for c in t.public_tests.cases],
+                flags=list(f.hack_flags)).to_dict())
         return out
 
     def _log_rollouts(self, records: list[dict]) -> None:
@@ -738,17 +742,12 @@ class Trainer:
 
 @dataclass(frozen=True)
 class _CustomFeedback:
-    """What a user ``reward_fn`` gives in place of the feedback floor's ``Feedback``."""
+    """What a user ``reward_fn`` gives in place of the feedback floor's ``Feedback``: its
+    components, and no sandbox result (records say status ``custom``, no tests)."""
 
-    components: dict
+    components: Components
     hack_flags: tuple = ()
-
-    @property
-    def result(self):
-        from labkit.env.records import SandboxResult, Status
-
-        ok = self.components.get("r_pass", 0.0) >= 1.0
-        return SandboxResult(status=Status.PASSED if ok else Status.FAILED, passed=int(ok), total=1)
+    result: None = None
 
 
 def _records_tasks(path: str | None, split: str, limit: int) -> list[RepairTask]:
