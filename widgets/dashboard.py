@@ -29,11 +29,11 @@ from traitlets import Bool, List, Unicode
 
 from widgets.colors import escape, plotly_colorscale
 from widgets.errors import shown_in
-from widgets.records import at_step, open_run, read_rollouts
+from widgets.records import COMPONENTS, at_step, open_run, read_rollouts
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward", ("reward/mean", "reward/r_test", "reward/r_pass", "reward/r_compile",
-                "reward/r_precision", "reward/r_style", "reward/r_progress", "reward/hack")),
+    ("reward", ("reward/mean",
+                *(f"reward/{c}" for c in COMPONENTS if c not in ("r_feedback", "noop")))),
     ("pass@1", ("train/pass_at_1", "eval/pass_at_1")),
     ("KL to reference", ("kl/k1", "kl/k3")),
     ("clip fraction", ("clip/frac",)),
