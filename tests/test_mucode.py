@@ -100,12 +100,15 @@ def test_expert_iteration_end_to_end(random_model_dir, tmp_path):
     bus = EventBus()
     for ev in ("on_train_start", "on_rollout", "on_step_end", "on_eval", "on_checkpoint",
                "on_train_end"):
-        bus.on(ev, lambda ev=ev, **kw: seen.append(ev))
+        bus.on(ev, lambda ev=ev, **kw: seen.append(ev) or owners.append(kw["trainer"]))
+    owners = []
     pol = load_policy(str(random_model_dir), reference="none")
     result = run_mucode(cfg, policy=pol, train_tasks=tasks, eval_tasks=tasks[:2], events=bus)
 
     assert seen == ["on_train_start", "on_eval", "on_rollout", "on_step_end", "on_checkpoint",
                     "on_eval", "on_train_end"]
+    # every event carries the loop itself, as the RL trainer's do
+    assert all(type(o).__name__ == "ExpertIteration" for o in owners) and len(set(map(id, owners))) == 1
     run = tmp_path / "run"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [json.loads(x) for x in (run / "eval.jsonl").read_text().splitlines()]

@@ -15,7 +15,9 @@ state it starts in, is taught to jump to the best program known for the task.
 
 :func:`evaluate_bon` runs multi-turn Best-of-N with every selector on held-out tasks,
 sharing sampled candidates between selectors wherever their states coincide.
-``python -m labkit mucode --config FILE.yaml --set k=v`` runs :func:`run_mucode`.
+``python -m labkit mucode --config FILE.yaml --set k=v`` runs :func:`run_mucode`
+(:class:`ExpertIteration`, whose iterations are the stage functions :func:`collect`,
+:func:`fit_verifier`, :func:`pick_experts` + :func:`relabel` and :func:`finetune`).
 """
 
 from __future__ import annotations
@@ -255,130 +257,184 @@ def _load_tasks(cfg: MucodeConfig) -> tuple[list[RepairTask], list[RepairTask]]:
     return train, held
 
 
-def run_mucode(cfg: MucodeConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
-               eval_tasks: Sequence[RepairTask] | None = None, sandbox=None,
-               events: EventBus | None = None) -> MucodeResult:
-    """Expert iteration (module docstring). Writes ``config.json``, ``metrics.jsonl`` (one
-    row per iteration), ``eval.jsonl``, ``episodes.jsonl`` (step records) and
-    ``checkpoints/iter_k/`` (the generator, its tokenizer and ``verifier/verifier.pt``)."""
-    cfg.validate()
-    seed_everything(cfg.seed)
-    bus = events or EventBus()
-    run = RunFolder(cfg.run_dir)
-    run.write_json("config.json", to_dict(cfg))
-    if train_tasks is None or eval_tasks is None:
-        loaded_train, loaded_eval = _load_tasks(cfg)
-        train_tasks = loaded_train if train_tasks is None else train_tasks
-        eval_tasks = loaded_eval if eval_tasks is None else eval_tasks
-    train_tasks, eval_tasks = list(train_tasks), list(eval_tasks)
-    if not train_tasks:
-        raise ValueError("muCODE has no training tasks: check tasks.source / tasks.train_problems")
-    policy = policy or load_policy(dataclasses.replace(cfg.policy, reference="none"))
-    own_sandbox = sandbox is None
-    if own_sandbox:
-        from labkit.env.sandbox import Sandbox
+def collect(policy, tasks: Sequence[RepairTask], cfg: MucodeConfig, iteration: int,
+            sandbox) -> tuple[list[Episode], dict]:
+    """Stage 1: multi-turn episodes of the current generator on ``tasks`` (every attempt
+    labelled by the hidden tests), with ``collect/*`` metrics."""
+    t0 = time.time()
+    ccfg = dataclasses.replace(cfg.collect, seed=derive_seed(cfg.seed, "collect", iteration))
+    episodes = run_episodes(policy, tasks, ccfg, sandbox=sandbox,
+                            rollouts_per_task=cfg.rollouts_per_task)
+    return episodes, {"time/collect": round(time.time() - t0, 1),
+                      **{f"collect/{k}": v for k, v in summarise(episodes).items()}}
 
-        sandbox = Sandbox()
-    fit_tasks, held_tasks = split_tasks(train_tasks, cfg.tasks.verifier_holdout, cfg.seed)
-    data: list[VerifierExample] = []
-    programs: dict[str, dict[str, bool]] = {}  # every program collected so far (collect_programs)
-    rows: list[dict] = []
-    evals: list[dict] = []
-    verifier: Verifier | None = None
-    bus.emit("on_train_start", trainer=None, config=cfg)
 
-    def evaluate(iteration: int) -> None:
-        if not eval_tasks:
-            return
+def fit_verifier(data: Sequence[VerifierExample], held_ids: set[str], cfg: MucodeConfig,
+                 iteration: int) -> tuple[Verifier, dict]:
+    """Stage 2: a fresh verifier trained on the accumulated ``data`` minus the examples of
+    the held-out task ids (on which it is then measured: ``heldout/*``)."""
+    t0 = time.time()
+    fit_data = [e for e in data if e.group not in held_ids]
+    held_data = [e for e in data if e.group in held_ids]
+    vcfg = dataclasses.replace(cfg.verifier, seed=derive_seed(cfg.seed, "verifier", iteration))
+    verifier = build_verifier(vcfg)
+    vinfo = train_verifier(verifier, fit_data or list(data), vcfg)
+    row = {"verifier/train_loss": vinfo["final_loss"], "verifier/steps": vinfo["steps"],
+           "verifier/data": len(data),
+           "verifier/data_pos_frac": sum(e.label for e in data) / max(1, len(data))}
+    if held_data:
+        row.update({f"heldout/{k}": v for k, v in evaluate_verifier(verifier, held_data).items()})
+    row["time/verifier"] = round(time.time() - t0, 1)
+    return verifier, row
+
+
+def pick_experts(verifier: Verifier, programs: dict[str, dict[str, bool]],
+                 tasks: Sequence[RepairTask]) -> tuple[dict[str, str], dict]:
+    """Stage 3a: each task's local expert, the verifier's favourite among every program
+    collected for it so far (``programs``: :func:`collect_programs`), with ``expert/*``
+    metrics (how often the expert truly passes, and how many tasks have a passing program)."""
+    by_id = {t.task_id: t for t in tasks}
+    codes = {tid: list(p) for tid, p in programs.items()}
+    labels = {tid: list(p.values()) for tid, p in programs.items()}
+    flat = [(tid, c) for tid, cs in codes.items() for c in cs]
+    flat_scores = verifier.score([by_id[tid] for tid, _ in flat], [c for _, c in flat])
+    scores: dict[str, list[float]] = {}
+    for (tid, _), sc in zip(flat, flat_scores):
+        scores.setdefault(tid, []).append(sc)
+    experts = choose_experts(codes, scores)
+    expert_ok = [labels[tid][codes[tid].index(c)] for tid, c in experts.items()]
+    solvable = sum(any(v) for v in labels.values())
+    return experts, {"expert/tasks": len(experts), "expert/programs": len(flat),
+                     "expert/pass_frac": sum(expert_ok) / max(1, len(expert_ok)),
+                     "expert/solvable_frac": solvable / max(1, len(labels))}
+
+
+def finetune(policy, pairs: Sequence[tuple[str, str]], cfg: MucodeConfig, iteration: int) -> dict:
+    """Stage 4: supervised fine-tuning of the generator on the relabelled pairs."""
+    t0 = time.time()
+    scfg = dataclasses.replace(cfg.sft, seed=derive_seed(cfg.seed, "sft", iteration))
+    info = train_sft(policy.model, policy.tokenizer, list(pairs), scfg, progress=False)
+    return {"sft/steps": info["steps"], "sft/final_loss": info["final_loss"],
+            "sft/dropped_too_long": info["dropped_too_long"], "time/sft": round(time.time() - t0, 1)}
+
+
+class ExpertIteration:
+    """The muCODE loop (module docstring) as the RL trainer is one: it holds the run's state,
+    writes the run folder and emits the same events with itself as ``trainer``
+    (``on_train_start``, ``on_rollout`` with the episodes, ``on_step_end`` per iteration,
+    ``on_checkpoint``, ``on_eval``, ``on_train_end``). Each iteration is the four stage
+    functions :func:`collect`, :func:`fit_verifier`, :func:`pick_experts` + :func:`relabel`
+    and :func:`finetune`. Writes ``config.json``, ``metrics.jsonl`` (one row per
+    iteration), ``eval.jsonl``, ``episodes.jsonl`` (step records) and ``checkpoints/iter_k/``
+    (the generator, its tokenizer, ``verifier/verifier.pt`` and ``experts.json``)."""
+
+    def __init__(self, cfg: MucodeConfig, *, policy=None,
+                 train_tasks: Sequence[RepairTask] | None = None,
+                 eval_tasks: Sequence[RepairTask] | None = None, sandbox=None,
+                 events: EventBus | None = None):
+        cfg.validate()
+        seed_everything(cfg.seed)
+        self.cfg = cfg
+        self.events = events or EventBus()
+        self.run = RunFolder(cfg.run_dir)
+        if train_tasks is None or eval_tasks is None:
+            loaded_train, loaded_eval = _load_tasks(cfg)
+            train_tasks = loaded_train if train_tasks is None else train_tasks
+            eval_tasks = loaded_eval if eval_tasks is None else eval_tasks
+        self.train_tasks, self.eval_tasks = list(train_tasks), list(eval_tasks)
+        if not self.train_tasks:
+            raise ValueError("muCODE has no training tasks: check tasks.source / tasks.train_problems")
+        self.policy = policy or load_policy(dataclasses.replace(cfg.policy, reference="none"))
+        self._own_sandbox = sandbox is None
+        if sandbox is None:
+            from labkit.env.sandbox import Sandbox
+
+            sandbox = Sandbox()
+        self.sandbox = sandbox
+        fit, held = split_tasks(self.train_tasks, cfg.tasks.verifier_holdout, cfg.seed)
+        self.held_ids = {t.task_id for t in held}
+        self.data: list[VerifierExample] = []
+        self.programs: dict[str, dict[str, bool]] = {}  # every program so far (collect_programs)
+        self.rows: list[dict] = []
+        self.evals: list[dict] = []
+        self.verifier: Verifier | None = None
+        self.iteration = 0
+
+    def evaluate(self) -> dict | None:
+        """Multi-turn Best-of-N of every ``eval_selectors`` on the held-out tasks (``eval/*``)."""
+        if not self.eval_tasks:
+            return None
+        cfg = self.cfg
         t0 = time.time()
         ecfg = dataclasses.replace(cfg.evaluate, seed=derive_seed(cfg.seed, "eval"))
-        rep = evaluate_bon(policy, eval_tasks, ecfg, cfg.eval_selectors, verifier=verifier,
-                           sandbox=sandbox)["replicates"][0]
-        row = {"step": iteration, "time/eval": round(time.time() - t0, 1),
+        rep = evaluate_bon(self.policy, self.eval_tasks, ecfg, cfg.eval_selectors,
+                           verifier=self.verifier, sandbox=self.sandbox)["replicates"][0]
+        row = {"step": self.iteration, "time/eval": round(time.time() - t0, 1),
                **{f"eval/{k}": v for k, v in rep["candidates"].items()}}
         for sel, r in rep.items():
             if sel != "candidates":
                 row.update({f"eval/{sel}/{k}": v for k, v in r.items() if k != "per_task"})
-        run.append("eval.jsonl", row)
-        evals.append(row)
-        bus.emit("on_eval", trainer=None, step=iteration, metrics=row)
+        self.run.append("eval.jsonl", row)
+        self.evals.append(row)
+        self.events.emit("on_eval", trainer=self, step=self.iteration, metrics=row)
+        return row
 
-    try:
-        evaluate(0)
-        for it in range(1, cfg.iterations + 1):
-            row: dict = {"step": it}
-            # -- collect ---------------------------------------------------------------------
-            t0 = time.time()
-            ccfg = dataclasses.replace(cfg.collect, seed=derive_seed(cfg.seed, "collect", it))
-            episodes = run_episodes(policy, train_tasks, ccfg, sandbox=sandbox,
-                                    rollouts_per_task=cfg.rollouts_per_task)
-            row["time/collect"] = round(time.time() - t0, 1)
-            row.update({f"collect/{k}": v for k, v in summarise(episodes).items()})
-            bus.emit("on_rollout", trainer=None, step=it, rollouts=episodes)
-            for ep in episodes:
-                for rec in step_records(ep, cfg.collect.gamma):
-                    run.append("episodes.jsonl", {"step": it, **rec})
+    def iterate(self) -> dict:
+        """One iteration: collect, fit the verifier, pick experts and relabel, fine-tune."""
+        cfg = self.cfg
+        self.iteration += 1
+        it = self.iteration
+        episodes, row = collect(self.policy, self.train_tasks, cfg, it, self.sandbox)
+        row = {"step": it, **row}
+        self.events.emit("on_rollout", trainer=self, step=it, rollouts=episodes)
+        for ep in episodes:
+            for rec in step_records(ep, cfg.collect.gamma):
+                self.run.append("episodes.jsonl", {"step": it, **rec})
+        seen = {(e.group, e.text) for e in self.data}
+        self.data += [e for e in collected_examples(self.train_tasks, episodes)
+                      if (e.group, e.text) not in seen]
+        self.verifier, vrow = fit_verifier(self.data, self.held_ids, cfg, it)
+        collect_programs(self.programs, episodes)
+        experts, erow = pick_experts(self.verifier, self.programs, self.train_tasks)
+        pairs = relabel(episodes, experts)
+        row.update({**vrow, **erow, "sft/pairs": len(pairs)})
+        row.update(finetune(self.policy, pairs, cfg, it))
+        self.run.append("metrics.jsonl", row)
+        self.rows.append(row)
+        self.events.emit("on_step_end", trainer=self, step=it, metrics=row, records=[])
+        if cfg.save_checkpoints:
+            path = self.run.path / "checkpoints" / f"iter_{it:03d}"
+            self.policy.model.save_pretrained(str(path))
+            self.policy.tokenizer.save_pretrained(str(path))
+            self.verifier.save(path / "verifier")
+            (path / "experts.json").write_text(json.dumps(experts, indent=1))
+            self.events.emit("on_checkpoint", trainer=self, step=it, path=path)
+        return row
 
-            # -- verifier --------------------------------------------------------------------
-            t0 = time.time()
-            new = collected_examples(train_tasks, episodes)
-            seen = {(e.group, e.text) for e in data}
-            data += [e for e in new if (e.group, e.text) not in seen]
-            held_ids = {t.task_id for t in held_tasks}
-            fit_data = [e for e in data if e.group not in held_ids]
-            held_data = [e for e in data if e.group in held_ids]
-            vcfg = dataclasses.replace(cfg.verifier, seed=derive_seed(cfg.seed, "verifier", it))
-            verifier = build_verifier(vcfg)
-            vinfo = train_verifier(verifier, fit_data or data, vcfg)
-            row.update({"verifier/train_loss": vinfo["final_loss"],
-                        "verifier/steps": vinfo["steps"],
-                        "verifier/data": len(data), "verifier/data_pos_frac":
-                            sum(e.label for e in data) / max(1, len(data))})
-            if held_data:
-                held_metrics = evaluate_verifier(verifier, held_data)
-                row.update({f"heldout/{k}": v for k, v in held_metrics.items()})
-            row["time/verifier"] = round(time.time() - t0, 1)
+    def train(self) -> MucodeResult:
+        """Evaluate, then ``iterations`` times iterate and evaluate."""
+        self.run.write_json("config.json", to_dict(self.cfg))
+        self.events.emit("on_train_start", trainer=self, config=self.cfg)
+        try:
+            self.evaluate()
+            while self.iteration < self.cfg.iterations:
+                self.iterate()
+                self.evaluate()
+            self.events.emit("on_train_end", trainer=self)
+        finally:
+            self.close()
+        return MucodeResult(self.policy, self.verifier, self.rows, self.evals, self.data,
+                            frozenset(self.held_ids))
 
-            # -- local experts and relabelling -------------------------------------------------
-            by_id = {t.task_id: t for t in train_tasks}
-            collect_programs(programs, episodes)
-            codes = {tid: list(p) for tid, p in programs.items()}
-            labels = {tid: list(p.values()) for tid, p in programs.items()}
-            flat = [(tid, c) for tid, cs in codes.items() for c in cs]
-            flat_scores = verifier.score([by_id[tid] for tid, _ in flat], [c for _, c in flat])
-            scores: dict[str, list[float]] = {}
-            for (tid, _), s in zip(flat, flat_scores):
-                scores.setdefault(tid, []).append(s)
-            experts = choose_experts(codes, scores)
-            expert_ok = [labels[tid][codes[tid].index(c)] for tid, c in experts.items()]
-            solvable = sum(any(v) for v in labels.values())
-            pairs = relabel(episodes, experts)
-            row.update({"expert/tasks": len(experts), "expert/programs": len(flat),
-                        "expert/pass_frac": sum(expert_ok) / max(1, len(expert_ok)),
-                        "expert/solvable_frac": solvable / max(1, len(labels)),
-                        "sft/pairs": len(pairs)})
+    def close(self) -> None:
+        if self._own_sandbox:
+            self.sandbox.close()
+            self._own_sandbox = False
 
-            # -- fine-tune the generator ------------------------------------------------------
-            t0 = time.time()
-            scfg = dataclasses.replace(cfg.sft, seed=derive_seed(cfg.seed, "sft", it))
-            info = train_sft(policy.model, policy.tokenizer, pairs, scfg, progress=False)
-            row.update({"sft/steps": info["steps"], "sft/final_loss": info["final_loss"],
-                        "sft/dropped_too_long": info["dropped_too_long"],
-                        "time/sft": round(time.time() - t0, 1)})
-            run.append("metrics.jsonl", row)
-            rows.append(row)
-            bus.emit("on_step_end", trainer=None, step=it, metrics=row, records=[])
-            if cfg.save_checkpoints:
-                path = run.path / "checkpoints" / f"iter_{it:03d}"
-                policy.model.save_pretrained(str(path))
-                policy.tokenizer.save_pretrained(str(path))
-                verifier.save(path / "verifier")
-                (path / "experts.json").write_text(json.dumps(experts, indent=1))
-                bus.emit("on_checkpoint", trainer=None, step=it, path=path)
-            evaluate(it)
-        bus.emit("on_train_end", trainer=None)
-    finally:
-        if own_sandbox:
-            sandbox.close()
-    return MucodeResult(policy, verifier, rows, evals, data,
-                        frozenset(t.task_id for t in held_tasks))
+
+def run_mucode(cfg: MucodeConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
+               eval_tasks: Sequence[RepairTask] | None = None, sandbox=None,
+               events: EventBus | None = None) -> MucodeResult:
+    """Expert iteration (module docstring): ``ExpertIteration(...).train()``."""
+    return ExpertIteration(cfg, policy=policy, train_tasks=train_tasks, eval_tasks=eval_tasks,
+                           sandbox=sandbox, events=events).train()
