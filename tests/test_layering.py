@@ -55,3 +55,19 @@ def test_trl_and_verl_are_imported_only_by_the_integrations():
            if "integrations" not in py.parts and "bench" not in py.parts
            for m in _imports(py) if m.split(".")[0] in {"trl", "verl"}]
     assert not bad, "\n".join(bad)
+
+
+def test_labkit_imports_sit_at_module_top():
+    """A module's labkit dependencies are read off its top; only the CLI imports a
+    subcommand's modules inside the subcommand (so ``--help`` does not load torch)."""
+    bad = []
+    for py in list((ROOT / "labkit").rglob("*.py")) + list((ROOT / "widgets").rglob("*.py")):
+        if py.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(py.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for sub in ast.walk(node):
+                    if (isinstance(sub, ast.ImportFrom) and sub.level == 0 and sub.module
+                            and sub.module.split(".")[0] in ("labkit", "widgets")):
+                        bad.append(f"{py.relative_to(ROOT)}:{sub.lineno} imports {sub.module}")
+    assert not bad, "\n".join(bad)

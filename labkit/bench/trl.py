@@ -23,6 +23,13 @@ import time
 from pathlib import Path
 
 import torch
+from labkit.config import from_dict
+from labkit.env.records import RepairTask, TestSuite
+from labkit.loops.trainer import Trainer, TrainConfig
+from labkit.policy import tiny
+from labkit.policy.loading import TINY_DIR
+from labkit.policy.prompts import plain_prompt
+from labkit.seeding import derive_seed
 
 TARGET = "class"
 
@@ -35,9 +42,6 @@ def cheap_reward(text: str) -> float:
 
 
 def _model_dir(tmp: Path) -> Path:
-    from labkit.policy.loading import TINY_DIR
-    from labkit.policy import tiny
-
     if (TINY_DIR / "config.json").is_file():
         return TINY_DIR
     texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(200)]
@@ -47,8 +51,6 @@ def _model_dir(tmp: Path) -> Path:
 
 
 def _tasks(n: int):
-    from labkit.env.records import RepairTask, TestSuite
-
     out = []
     for i in range(n):
         code = f"def f{i}(xs):\n    total = 0\n    for x in xs:\n        total += x * {i % 5}\n    return total\n"
@@ -99,9 +101,6 @@ def run_trl(model_dir: Path, prompts: list[str], args, out_dir: Path) -> dict:
 
 
 def run_labkit(model_dir: Path, tasks, args, out_dir: Path) -> dict:
-    from labkit.config import from_dict
-    from labkit.loops.trainer import Trainer, TrainConfig
-
     cfg = from_dict(TrainConfig, {
         "run_dir": str(out_dir), "seed": args.seed, "steps": args.steps,
         "tasks_per_step": args.prompts, "estimator": "grpo",
@@ -155,11 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         model_dir = _model_dir(tmp)
         tasks = _tasks(args.prompts * args.steps)
-        from labkit.policy.prompts import plain_prompt
-
         # labkit samples prompts per step with its own seeded RNG; give TRL the prompts
         # in that order, unshuffled, so both see the same prompts at every step
-        from labkit.seeding import derive_seed
         import random
 
         order = []

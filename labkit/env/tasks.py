@@ -41,8 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labkit.env import humaneval, synthetic
+from labkit.env import bugs, humaneval, synthetic
+from labkit.env.edits import revert_hunks, split_hunks
+from labkit.env.humanevalpack import load_humanevalpack
+from labkit.env.overlap import ReferencePool
 from labkit.env.records import BugSpan, Candidate, RepairTask, SandboxResult, Split, TestSuite
+from labkit.env.sandbox import run_many
 from labkit.seeding import derive_seed
 
 Runner = Callable[[Sequence[Candidate]], list[SandboxResult]]
@@ -150,8 +154,6 @@ def synthetic_split(problem: synthetic.SyntheticProblem, seed: int = 0,
 
 @functools.lru_cache(maxsize=4)
 def _leak_pool(seed: int, fractions: tuple[float, ...]):
-    from labkit.env.overlap import ReferencePool
-
     n, streams = LEAK_POOL
     train: dict[str, synthetic.SyntheticProblem] = {}
     for stream in streams:
@@ -426,8 +428,6 @@ def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool) -> li
 
 def _validated_variants(problem: _Problem, spec: TaskSpec, run: Runner,
                         timeout: float | None) -> list[_Variant]:
-    from labkit.env import bugs
-
     want = spec.bugs_per_problem * (4 if spec.multi_hunk else 1)  # most draws fail the check
     found = bugs.inject_validated(
         problem.reference_code, problem.tests, problem.entry_point,
@@ -460,8 +460,6 @@ def multi_hunk_catches(reference: str, buggy: str, tests: TestSuite, entry_point
     caught by a test no other bug fails) and ``U_i <= F - G_i <= F_i`` (reverting bug ``i``
     fixes its own unique tests, and only tests bug ``i`` fails). Returns ``[F_1, ..., F_k]``.
     Costs ``2k + 1`` sandbox runs."""
-    from labkit.env.edits import revert_hunks, split_hunks
-
     hunks = split_hunks(reference, buggy)
     k = len(hunks)
     if k < 2:
@@ -491,8 +489,6 @@ def multi_hunk_catches(reference: str, buggy: str, tests: TestSuite, entry_point
 
 def _blind_variants(problem: _Problem, spec: TaskSpec) -> list[_Variant]:
     """Up to ``bugs_per_problem`` distinct injections, none of them run."""
-    from labkit.env import bugs
-
     rng = random.Random(derive_seed(spec.seed, spec.source, problem.problem_id))
     seen = {bugs.normal_form(problem.reference_code)}
     out: list[_Variant] = []
@@ -549,8 +545,6 @@ def _failing_cases(problems: list[_Problem], per_problem: list[list[_Variant]], 
 
 
 def _humanevalpack_tasks(spec: TaskSpec, runner: Runner | None) -> list[RepairTask]:
-    from labkit.env.humanevalpack import load_humanevalpack
-
     tasks = []
     for task in load_humanevalpack(spec.path):
         split = spec.split_of(task.problem_id).value
@@ -572,8 +566,6 @@ def _humanevalpack_tasks(spec: TaskSpec, runner: Runner | None) -> list[RepairTa
 
 
 def _default_runner() -> Runner:
-    from labkit.env.sandbox import run_many
-
     return run_many
 
 

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import from_dict, to_dict, to_record
-from labkit.loops.trainer import Trainer, TrainConfig
+from labkit.env.tasks import load_tasks
+from labkit.experiments import stats
+from labkit.experiments.paired import held_out_tasks, paired_eval
+from labkit.experiments.stats import describe
+from labkit.loops.events import RunFolder
+from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
 
 EXPERIMENTS = ("learning", "reshaping", "didpo", "credit", "mucode")
 """Experiment modules under ``labkit.experiments`` (each defines ``Config`` and ``run``)."""
@@ -206,8 +211,6 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     of those templates (``paired_trained_change``: what RL learnt where it trained, next to
     what carried over to ``split``). Returns the raw paired evaluation of ``split`` (also
     stored under ``results["paired"]``)."""
-    from labkit.experiments.paired import held_out_tasks
-
     methods = methods or list(results["methods"])
     tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk)
     pe = _add_paired_on(results, exp, methods, tasks, "paired")
@@ -219,8 +222,6 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
 def trained_template_tasks(exp: ExperimentConfig) -> list:
     """``exp.paired_tasks`` new instances of the templates trained on (``exp.train_split``):
     problems of another stream of the generator whose ids no training problem has."""
-    from labkit.env.tasks import load_tasks
-
     def problem_id(task) -> str:
         return task.task_id.split("/")[1]
 
@@ -239,9 +240,6 @@ def trained_template_tasks(exp: ExperimentConfig) -> list:
 
 def _add_paired_on(results: dict, exp: ExperimentConfig, methods: list[str], tasks: list,
                    key: str) -> dict:
-    from labkit.experiments import stats
-    from labkit.experiments.paired import paired_eval
-
     dirs = [s["run_dir"] for m in methods for s in results["methods"][m]["seeds"]]
     pe = paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
     start = pe["start_per_task"]
@@ -264,8 +262,6 @@ def paired_lines(results: dict) -> list[str]:
     """The report's headline tables: each method's paired change with its interval over seeds
     (and, labelled, the hierarchical and task-only bootstraps), on the held-out split and, when
     measured, on new instances of the templates trained on."""
-    from labkit.experiments.stats import describe
-
     setting = results.get("setting", {})
     titles = {"paired": f"Paired held-out change ({{tasks}} tasks of `{setting.get('split')}`",
               "paired_trained": "Paired change on the templates trained on ({tasks} new instances "
@@ -295,8 +291,6 @@ def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
     the same config with a complete checkpoint (resume it). A folder holding anything else
     (another config, or no checkpoint to resume from) is moved aside to
     ``<run_dir>.replaced-<n>``, never overwritten or appended to; returns False."""
-    from labkit.loops.trainer import latest_checkpoint
-
     d = Path(run_dir)
     if not d.exists() or not any(d.iterdir()):
         return False
@@ -318,8 +312,6 @@ def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False) ->
     ``cfg.steps``, when the learning rate is constant without warm-up: its first
     ``cfg.steps`` steps are then exactly a ``cfg.steps``-step run (everything random derives
     from ``(seed, step)``), read with ``summarise_run(..., upto=cfg.steps)``."""
-    from labkit.loops.events import RunFolder
-
     theirs = _saved_config(Path(run_dir))
     if theirs is None:
         return False
@@ -352,8 +344,6 @@ def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,
     """One finished run folder -> the per-seed record of a report. Without ``wall_s`` the
     wall time is the sum of the logged step and evaluation times. ``upto``: read only the
     first ``upto`` steps (see :func:`finished_run`'s ``prefix``)."""
-    from labkit.loops.events import RunFolder
-
     run = RunFolder(run_dir)
     evals, steps = run.read("eval.jsonl"), run.read("metrics.jsonl")
     if upto is not None:

@@ -38,9 +38,15 @@ from labkit.config import to_record
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.credit.ground_truth import hunk_effects, pass_fraction
 from labkit.env.records import Candidate
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
 from labkit.experiments import RESULTS, write_markdown
 from labkit.loops.forks import measure_forks
 from labkit.loops.metrics import average_ranks
+from labkit.policy import forking as fk
+from labkit.policy.loading import load_policy
+from labkit.policy.prompts import build_prompt
+from labkit.policy.rollout import SamplingConfig, collate, sample_with_cache
 from labkit.seeding import derive_seed
 
 
@@ -245,8 +251,6 @@ def agreement_table(records: list[dict], n_boot: int = 1000, seed: int = 0) -> d
 def fitting_tasks(tasks, tokenizer, max_positions: int, margin: int) -> list[tuple]:
     """``(task, prompt_len)`` for the tasks whose prompt plus reference program plus
     ``margin`` tokens fit in ``max_positions``."""
-    from labkit.policy.prompts import build_prompt
-
     out = []
     for t in tasks:
         p = len(tokenizer(build_prompt(t, tokenizer), add_special_tokens=False).input_ids)
@@ -278,9 +282,6 @@ class MemoRunner:
 def credit_batch(policy, tasks, cfg: Config, dataset: str, index: int, max_new: int, runner) -> tuple[list, dict]:
     """One batch: rollouts, rewards, ground-truth hunk effects, forks, and every estimator's
     credit for every hunk. Returns the hunk records and the batch's costs."""
-    from labkit.policy import forking as fk
-    from labkit.policy.rollout import SamplingConfig, collate, sample_with_cache
-
     scfg = SamplingConfig(group_size=cfg.group_size, temperature=cfg.temperature,
                           max_new_tokens=max_new, seed=derive_seed(cfg.seed, "credit", dataset, index))
     t0 = time.time()
@@ -357,10 +358,6 @@ def _dataset(policy, tasks, cfg: Config, name: str, max_new_of, runner) -> tuple
 
 
 def run(cfg: Config) -> Path:
-    from labkit.env.sandbox import Sandbox
-    from labkit.env.tasks import load_tasks
-    from labkit.policy.loading import load_policy
-
     t_start = time.time()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

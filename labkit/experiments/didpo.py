@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
-from labkit.experiments import (RESULTS, ExperimentConfig, add_paired, mean_ci95, run_methods,
-                                write_report)
+from labkit.experiments import (ExperimentConfig, RESULTS, add_paired, base_train_config, mean_ci95,
+                                run_methods, write_report)
+from labkit.loops.trainer import Trainer
 
 
 @dataclass
@@ -127,9 +128,6 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
     baselines), the reason for more than one round."""
     import shutil
     import tempfile
-
-    from labkit.experiments import base_train_config
-    from labkit.loops.trainer import Trainer
 
     times: dict[str, list[float]] = {m: [] for m in methods}
     root = Path(tempfile.mkdtemp(prefix="didpo-costs-"))

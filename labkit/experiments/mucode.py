@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import to_record
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
 from labkit.experiments import RESULTS, format_interval, mean_ci95, write_markdown
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -179,9 +181,6 @@ def _conditions(per_seed: dict) -> dict[str, list[float]]:
 
 def run(cfg: Config) -> Path:
     import torch
-
-    from labkit.env.sandbox import Sandbox
-    from labkit.env.tasks import load_tasks
 
     torch.set_num_threads(cfg.threads)
     t_all = time.time()

@@ -15,6 +15,12 @@ import random
 import statistics
 from pathlib import Path
 from typing import Sequence
+from labkit.config import from_dict
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
+from labkit.loops.trainer import TrainConfig, latest_checkpoint
+from labkit.policy.evaluate import EvalConfig, evaluate
+from labkit.policy.loading import load_policy
 
 
 def paired_difference(start: Sequence[float], end: Sequence[float], n_boot: int = 2000,
@@ -36,10 +42,6 @@ def policy_at(run_dir: str | Path, step: int | None = None):
     """The run's policy at its newest complete checkpoint (or ``step``; 0 = the start)."""
     import torch
 
-    from labkit.config import from_dict
-    from labkit.loops.trainer import TrainConfig, latest_checkpoint
-    from labkit.policy.loading import load_policy
-
     run = Path(run_dir)
     cfg = from_dict(TrainConfig, json.loads((run / "config.json").read_text()))
     policy = load_policy(cfg.policy)
@@ -59,8 +61,6 @@ def held_out_tasks(n_tasks: int, split: str = "test", seed: int = 0, n_bugs: int
                    multi_hunk: bool = False) -> list:
     """The first ``n_tasks`` synthetic tasks of ``split`` (one buggy variant per problem), the
     same list for every run compared on them."""
-    from labkit.env.tasks import load_tasks
-
     problems = n_tasks * (4 if multi_hunk else 1)  # multi-hunk: about 40% of problems give one
     return load_tasks("synthetic", split=split, n=problems, seed=seed, n_bugs=n_bugs,
                       multi_hunk=multi_hunk)[:n_tasks]
@@ -87,9 +87,6 @@ def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: 
     per-task results, and the start's per ``start_k``), and reused when the tasks, ``k``,
     temperature and seed match, so a report can be rebuilt without evaluating again and one
     run can be compared on several task sets."""
-    from labkit.env.sandbox import Sandbox
-    from labkit.policy.evaluate import EvalConfig, evaluate
-
     start_k = start_k or k
     if isinstance(tasks, int):
         tasks = held_out_tasks(tasks, seed=seed)

@@ -38,6 +38,7 @@ from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.credit.reshaping import ReshapeConfig, Reshaper, recipe, test_term
 from labkit.env.feedback import FeedbackConfig, evaluate_many
 from labkit.env.records import RepairTask
+from labkit.env.sandbox import default_sandbox
 from labkit.policy.prompts import extract_code, plain_prompt
 from labkit.policy.rollout import Rollout, token_offsets
 
@@ -84,11 +85,7 @@ class SandboxReward:
         self.feedback.validate()
         self.reshape = recipe_name if isinstance(recipe_name, ReshapeConfig) else recipe(recipe_name)
         self.reshape.validate()
-        if sandbox is None:
-            from labkit.env.sandbox import default_sandbox
-
-            sandbox = default_sandbox()
-        self.sandbox = sandbox
+        self.sandbox = sandbox if sandbox is not None else default_sandbox()
         self.history: list[dict] = []
         self.keep = keep
         self._tasks: dict[str, RepairTask] = {}

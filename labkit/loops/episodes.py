@@ -52,6 +52,7 @@ from typing import Callable, Sequence
 from labkit.credit.anchors import returns_to_go
 from labkit.credit.registry import Registry
 from labkit.env.records import Candidate, RepairTask, SandboxResult, TestSuite
+from labkit.env.sandbox import default_sandbox
 from labkit.policy.prompts import build_prompt
 from labkit.policy.rollout import SamplingConfig, sample
 from labkit.seeding import derive_seed
@@ -369,8 +370,6 @@ def run_episodes(policy, tasks: Sequence[RepairTask], config: EpisodeConfig | No
             raise ValueError(f"selector {sel!r} needs a verifier; train one with "
                              "labkit.loops.verifier.train_verifier or pick 'random'/'public_tests'")
     if sandbox is None:
-        from labkit.env.sandbox import default_sandbox
-
         sandbox = default_sandbox()
     cache = {} if cache is None else cache
     tok = policy.tokenizer

@@ -30,6 +30,8 @@ from typing import Sequence
 
 from labkit.config import to_dict
 from labkit.env.records import RepairTask
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
 from labkit.loops.episodes import (NEEDS_VERIFIER, SELECTORS, Episode, EpisodeConfig, run_episodes,
                                    step_records, summarise)
 from labkit.loops.events import EventBus, RunFolder
@@ -242,8 +244,6 @@ class MucodeResult:
 
 
 def _load_tasks(cfg: MucodeConfig) -> tuple[list[RepairTask], list[RepairTask]]:
-    from labkit.env.tasks import load_tasks
-
     t = cfg.tasks
     train = load_tasks(t.source, "train", n=t.train_problems if t.source == "synthetic" else None,
                        seed=cfg.seed)
@@ -347,8 +347,6 @@ class ExpertIteration:
         self.policy = policy or load_policy(dataclasses.replace(cfg.policy, reference="none"))
         self._own_sandbox = sandbox is None
         if sandbox is None:
-            from labkit.env.sandbox import Sandbox
-
             sandbox = Sandbox()
         self.sandbox = sandbox
         fit, held = split_tasks(self.train_tasks, cfg.tasks.verifier_holdout, cfg.seed)

@@ -34,18 +34,22 @@ from typing import Literal, Sequence
 
 import torch
 
-from labkit.config import from_dict, to_dict
+from labkit.config import apply_overrides, from_dict, load_yaml, to_dict
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.anchors import anchor_records
 from labkit.credit.fork_credit import needs_forks
-from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
+from labkit.credit.losses import POLICY_LOSSES, LossConfig, agg_loss, kl_penalty
 from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, test_term,
                                      transform_advantages)
 from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
 from labkit.env.records import Components, RepairTask
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
 from labkit.loops.records import RolloutRecord
+from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
 from labkit.policy.rollout import Rollout, SamplingConfig, collate, sequence_logprobs
 from labkit.seeding import derive_seed, seed_everything
@@ -83,43 +87,6 @@ class TaskConfig:
     compare runs of several training seeds on the same tasks (paired)."""
     path: str | None = None
     """HumanEvalPack-format JSONL for source ``humanevalpack``."""
-
-
-@dataclass
-class LossConfig:
-    """The policy-gradient objective."""
-
-    policy_loss: str = "ppo_clip"
-    """Policy loss by name in ``labkit.credit.losses.POLICY_LOSSES``."""
-    eps_low: float = 0.2
-    """PPO clip below: the ratio of a token with ``A < 0`` stops paying under ``1 - eps_low``."""
-    eps_high: float = 0.2
-    """PPO clip above: the ratio of a token with ``A > 0`` stops paying over ``1 + eps_high``.
-    Set above ``eps_low`` (e.g. 0.28) for DAPO's clip-higher, which keeps rare tokens of good
-    samples rising for longer (more exploration)."""
-    dual_clip: float | None = 3.0
-    """Dual clip ``c`` (Ye et al. 2020): for ``A < 0`` the per-token loss is capped at ``-A c``,
-    so a token whose ratio blew up cannot dominate the batch. ``None``: off."""
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                 "seq-mean-token-sum-norm"] = "token-mean"
-    """token-mean: long completions weigh more; seq-mean-token-mean: short ones do (GRPO's
-    length bias); seq-mean-token-sum-norm: Dr. GRPO's constant normaliser (unbiased)."""
-    kl_coef: float = 0.0
-    """beta: coefficient of the KL to the reference policy (0 = no reference forward)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (k1 ``d``, k2 ``d^2/2``, k3 ``exp(-d) + d - 1``, ``d = logp -
-    ref``): k3 is unbiased and never negative (verl's ``low_var_kl``); k1 is unbiased but noisy."""
-    entropy_coef: float = 0.0
-    """Coefficient of an entropy bonus (subtracted from the loss); > 0 slows the policy's
-    collapse onto few completions, at the price of noisier samples."""
-    epochs: int = 1
-    """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
-    micro_batch_size: int = 32
-    """Sequences per forward/backward; gradients accumulate to the whole batch."""
-    horizon: int | None = None
-    """The constant ``T`` that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO). ``None``:
-    ``sampling.max_new_tokens``, the same on every step and every data-parallel rank (never
-    the batch's longest completion, which would rescale each step's loss)."""
 
 
 @dataclass
@@ -264,8 +231,6 @@ class Trainer:
                              "each task once (its samples form one group): pass distinct tasks")
         self._own_sandbox = sandbox is None and reward_fn is None
         if sandbox is None and reward_fn is None:
-            from labkit.env.sandbox import Sandbox
-
             sandbox = Sandbox()
         self.sandbox = sandbox
         self.params = self.policy.trainable_parameters()
@@ -295,8 +260,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
     def _load_tasks(self, which: str) -> list[RepairTask]:
-        from labkit.env.tasks import load_tasks
-
         t = self.cfg.tasks
         if t.source == "records":
             return _records_tasks(t.path, t.train_split if which == "train" else t.eval_split,
@@ -580,8 +543,6 @@ class Trainer:
     def _evaluate(self) -> dict | None:
         if not self.eval_tasks or not self.is_main:
             return None
-        from labkit.policy.evaluate import EvalConfig, evaluate
-
         t0 = time.time()
         ecfg = EvalConfig(k=self.cfg.eval_k, temperature=self.cfg.eval_temperature, greedy=False,
                           max_new_tokens=self.cfg.sampling.max_new_tokens,
@@ -628,8 +589,6 @@ class Trainer:
         """DiDPO anchors of this step (when the estimator built them) to anchors.jsonl."""
         if not anchors_by_task:
             return
-        from labkit.credit.anchors import anchor_records
-
         for task_id, anchors in anchors_by_task.items():
             for rec in anchor_records(anchors, step=self.step, task_id=task_id):
                 self.run.append("anchors.jsonl", rec)
@@ -798,8 +757,6 @@ def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = T
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
-    from labkit.config import apply_overrides, load_yaml
-
     if path:
         return load_yaml(TrainConfig, path, list(overrides))
     return apply_overrides(from_dict(TrainConfig, {}), list(overrides))

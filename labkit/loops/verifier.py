@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from labkit.credit.registry import Registry
 from labkit.env.records import RepairTask
 from labkit.loops.metrics import average_ranks
+from labkit.policy.loading import (PolicyLoadError, load_tokenizer, lora_targets_for,
+                                   resolve_device_dtype, resolve_spec)
 
 # ============================================================================= losses
 
@@ -264,9 +266,6 @@ def build_verifier(config: VerifierConfig | None = None) -> Verifier:
     """A fresh verifier on ``config.backbone`` (head initialised to zero: every score starts
     at 0, so the first Bradley-Terry loss is ``log 2``)."""
     from transformers import AutoModel, AutoModelForSequenceClassification
-
-    from labkit.policy.loading import (PolicyLoadError, load_tokenizer, lora_targets_for,
-                                       resolve_device_dtype, resolve_spec)
 
     cfg = config or VerifierConfig()
     cfg.validate()

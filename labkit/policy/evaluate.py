@@ -23,6 +23,7 @@ from typing import Sequence
 
 from labkit.env.feedback import is_noop
 from labkit.env.records import Candidate, RepairTask
+from labkit.env.sandbox import default_sandbox
 from labkit.policy.rollout import SamplingConfig, pass_at_k, sample
 
 
@@ -62,8 +63,6 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
              sandbox=None, progress: bool = False) -> dict:
     cfg = config or EvalConfig()
     if sandbox is None:
-        from labkit.env.sandbox import default_sandbox
-
         sandbox = default_sandbox()
     scfg = SamplingConfig(group_size=cfg.k, temperature=cfg.temperature,
                           max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,

@@ -25,10 +25,15 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.env.augment import rename_identifiers
-from labkit.policy.loading import TINY_DIR
+from labkit.env.sandbox import Sandbox
+from labkit.env.tasks import load_tasks
+from labkit.policy import tiny
+from labkit.policy.evaluate import EvalConfig, evaluate
+from labkit.policy.loading import TINY_DIR, load_policy
 from labkit.policy.prompts import training_text
-from labkit.policy.sft import SFTConfig
+from labkit.policy.sft import SFTConfig, train_sft
 from labkit.policy.tiny import TinyModelConfig
+from labkit.seeding import derive_seed, seed_everything
 
 
 @dataclass
@@ -85,8 +90,6 @@ def _pairs(tasks) -> list[tuple[str, str]]:
 
 
 def _synthetic_chunk(args: tuple[int, int, int, int]) -> list:
-    from labkit.env.tasks import load_tasks
-
     n, seed, bugs, n_bugs = args
     return load_tasks("synthetic", split="train", n=n, seed=seed, bugs_per_problem=bugs,
                       n_bugs=n_bugs, multi_hunk=n_bugs > 1)
@@ -109,8 +112,6 @@ def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int =
     Problems of every stream are split by problem id, so nothing leaks into val/test."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from labkit.seeding import derive_seed
-
     sizes = [n // procs + (i < n % procs) for i in range(procs)]
     jobs = [(k, derive_seed(seed, "pretrain-stream", i, *(("bugs", n_bugs) if n_bugs > 1 else ())),
              bugs_per_problem, n_bugs) for i, k in enumerate(sizes)]
@@ -130,14 +131,6 @@ def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int =
 
 def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     import torch
-
-    from labkit.env.sandbox import Sandbox
-    from labkit.env.tasks import load_tasks
-    from labkit.policy import tiny
-    from labkit.policy.evaluate import EvalConfig, evaluate
-    from labkit.policy.loading import load_policy
-    from labkit.policy.sft import train_sft
-    from labkit.seeding import seed_everything
 
     seed_everything(cfg.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.env.records import RepairTask, Rollout  # noqa: F401 (Rollout re-exported)
+from labkit.policy import lean
 from labkit.policy.prompts import build_prompt, extract_code
 
 
@@ -199,8 +200,6 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     sampled one (the :class:`KVRow` contract).
     """
     from transformers import DynamicCache
-
-    from labkit.policy import lean
 
     b = input_ids.shape[0]
     stops = tuple(cfg.stop_strings)
