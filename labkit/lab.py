@@ -7,12 +7,16 @@ with ``--cwd notebooks``, the ``python3`` kernel and the parameters ``smoke`` an
     runs/lab-20261130-014500/
         00_tour.ipynb ...        the executed notebooks (outputs kept)
         00_tour.json ...         the key numbers each notebook records (see :func:`record`)
-        report.html              every notebook, static plotly figures, plotly.js inline once
-        lab.json                 per-notebook status and wall time
+        report.html              the front page (what each notebook found, the figures of
+                                 its front-page cells, key numbers, contents), then every
+                                 notebook; static plotly figures, plotly.js inline once
+        lab.json                 per-notebook status and wall time, the report's size
 
-The report needs no network: plotly's JavaScript is embedded once, figures are the
-notebooks' own plotly outputs redrawn statically, and widgets (which need a live kernel)
-are replaced by their text form with a note to open the notebook in JupyterLab.
+The report needs no network and no server: plotly's JavaScript is embedded once, figures
+are the notebooks' own plotly outputs redrawn statically, and widgets (which need a live
+kernel) show their static rendering (``widgets.static``: figures, tables, control values)
+with a note to open the notebook in JupyterLab to use them. The front page is
+:mod:`labkit.report`.
 
 Notebooks call :func:`record` to write their numbers; the tests read those files.
 """
@@ -26,6 +30,8 @@ import resource
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from labkit.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -144,7 +150,11 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
                "notebooks": rows, "failed": [r["notebook"] for r in rows if r["status"] != "ok"]}
     (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")
     if report:
-        summary["report"] = str(write_report(out, rows))
+        page = write_report(out, rows)
+        summary["report"] = str(page)
+        summary["report_bytes"] = page.stat().st_size
+        (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"  report: {page} ({page.stat().st_size / 1e6:.1f} MB)", flush=True)
     return summary
 
 
@@ -162,6 +172,10 @@ table { border-collapse: collapse; font-size: 0.88em; margin: 0.5em 0; }
 td, th { border: 1px solid #ddd; padding: 2px 6px; }
 .nb { border-top: 2px solid #444; margin-top: 3em; padding-top: 1em; }
 .failed { color: #b00; font-weight: bold; }
+nav.toc ol { margin: 0.2em 0; } nav.toc > ol > li { margin: 0.3em 0; }
+.front dt { font-weight: bold; margin-top: 0.6em; } .front dd { margin-left: 1.2em; }
+.front-figure { margin: 1em 0; border: 1px solid #eee; padding: 0.4em; }
+.front-figure figcaption { font-size: 0.85em; color: #666; }
 """
 
 
@@ -181,6 +195,11 @@ def _static_outputs(nb) -> None:
             if PLOTLY_MIME in data:
                 fig = pio.from_json(json.dumps(data[PLOTLY_MIME]))
                 o["data"] = {"text/html": pio.to_html(fig, include_plotlyjs=False, full_html=False)}
+            elif WIDGET_MIME in data and "text/html" in data:
+                # the widget's static rendering (widgets.static): its figures and tables
+                o["data"] = {"text/html": "".join(data["text/html"])
+                             + "<div class='widget-note'>a static copy of an interactive widget: "
+                               "open the notebook in JupyterLab to use it</div>"}
             elif WIDGET_MIME in data:
                 text = data.get("text/plain", "")
                 o["data"] = {"text/html": "<div class='widget-note'>interactive widget "
@@ -208,32 +227,33 @@ def notebook_html(path: Path) -> str:
 
 
 def numbers_table(rows: Sequence[Mapping]) -> str:
-    """Each notebook's status, time and recorded numbers as HTML."""
+    """Each notebook's status, wall and CPU time, and a link to its recorded numbers."""
     parts = ["<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>CPU seconds</th>"
-             "<th>key numbers</th></tr>"]
+             "<th>numbers</th></tr>"]
     for r in rows:
-        nums = r.get("numbers") or {}
-        flat = ", ".join(f"{k}={v}" for k, v in nums.items() if not isinstance(v, (dict, list)))
         cls = "" if r["status"] == "ok" else " class='failed'"
+        link = (f"<a href='{r['notebook']}.json'>{r['notebook']}.json</a>" if r.get("numbers")
+                else "none recorded")
         parts.append(f"<tr><td><a href='#{r['notebook']}'>{r['notebook']}</a></td>"
                      f"<td{cls}>{html.escape(r['status'])}</td><td>{r['seconds']}</td>"
-                     f"<td>{r.get('cpu_seconds', '')}</td>"
-                     f"<td>{html.escape(flat)}</td></tr>")
+                     f"<td>{r.get('cpu_seconds', '')}</td><td>{link}</td></tr>")
     parts.append("</table>")
     return "\n".join(parts)
 
 
 def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
-    """``out/report.html``: a table of the notebooks' numbers, then every executed notebook,
-    with plotly.js embedded inline once (no CDN)."""
+    """``out/report.html``: the front page (:func:`labkit.report.front_page`: what each
+    notebook found, the figures that carry the story, key numbers, contents), the status
+    table, then every executed notebook, with plotly.js embedded inline once (no CDN)."""
     from plotly.offline import get_plotlyjs
     from pygments.formatters import HtmlFormatter
 
     css = _CSS + HtmlFormatter(style="default").get_style_defs(".highlight")
-    sections = []
+    sections, bodies = [], {}
     for r in rows:
         nb = out / f"{r['notebook']}.ipynb"
         body = notebook_html(nb) if nb.is_file() else "<p>not executed</p>"
+        bodies[r["notebook"]] = body
         err = ("" if r["status"] == "ok"
                else f"<p class='failed'>{html.escape(r.get('error', ''))}</p>")
         sections.append(f"<section class='nb' id='{r['notebook']}'><h1>{r['notebook']}</h1>"
@@ -243,7 +263,8 @@ def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
             "</head><body><h1>labkit lab report</h1>"
             f"<p>{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; executed notebooks and "
             "their JSON numbers are next to this file.</p>"
-            f"{numbers_table(rows)}{''.join(sections)}</body></html>")
+            f"{front_page(out, rows, bodies)}<h2>Status</h2>{numbers_table(rows)}"
+            f"{''.join(sections)}</body></html>")
     path = out / "report.html"
     path.write_text(page)
     return path

@@ -60,3 +60,13 @@ def toy_model_dir(tmp_path_factory):
     train_sft(pol.model, pol.tokenizer, pairs * 8,
               SFTConfig(lr=1e-2, batch_size=12, max_steps=120, warmup_steps=10), progress=False)
     return tiny.save(pol.model, pol.tokenizer, path)
+
+
+@pytest.fixture(scope="session")
+def smoke_lab(tmp_path_factory):
+    """``make lab --smoke`` once per session: every notebook executed headless into one
+    folder with its numbers and the report (``labkit.lab.run_lab``); its summary."""
+    from labkit import lab
+
+    out = tmp_path_factory.mktemp("lab")
+    return lab.run_lab(out, smoke=True)

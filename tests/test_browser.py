@@ -3,7 +3,9 @@
 Each test opens a notebook, runs all its cells, and checks that a widget renders and
 responds: the tour shows a DiffView; moving a RewardTuner slider changes the advantages
 shown; the TrainingDashboard receives points while a trainer runs in a thread and its Stop
-button stops it; selecting an anchor in AnchorView outlines its spans in every member.
+button stops it; selecting an anchor in AnchorView outlines its spans in every member; a
+dashboard replays the shipped model's training; the lab's report.html opens from disk with
+its front-page figures and the widgets' static renderings drawn.
 
 The numbered notebooks (``notebooks/*.ipynb``) are opened when they exist and use the
 widget, with ``smoke = True`` set in a copy of their ``parameters`` cell; otherwise (and
@@ -275,7 +277,7 @@ def test_dashboard_follows_training_and_stop_stops_it(notebook):
     page.wait_for_function(f"() => ({POINTS_JS})() === {stopped_at}", timeout=30_000)
     time.sleep(3)  # no step after the stop
     assert _plot_points(page) == stopped_at
-    notebook.screenshot(".labkit-dashboard", "training_dashboard.png")
+    notebook.screenshot(".labkit-dashboard", "training_dashboard_stopped.png")
 
 
 def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
@@ -317,3 +319,75 @@ def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
         assert second == ["".join(rollouts[m.rollout].completion[s:e] for s, e in m.spans)
                           for m in a.members]
     notebook.screenshot(".labkit-anchorview", "anchor_view.png")
+
+
+def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(browser, smoke_lab,
+                                                                         tmp_path):
+    """``make lab``'s report.html (the smoke lab of this session) in Chromium, from disk, no
+    server: the front page's figures are drawn, every widget shows its static rendering
+    (plotly divs with data, no widget text repr left), and nothing is fetched from a network."""
+    report = Path(smoke_lab["report"])
+    context = browser.new_context(viewport={"width": 1300, "height": 1600})
+    page = context.new_page()
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(report.as_uri())
+    page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot').length > 0")
+    counts = page.evaluate("""() => {
+        const drawn = sel => [...document.querySelectorAll(sel)]
+            .filter(p => p.data && p.data.length > 0 && p.querySelector('.main-svg')).length;
+        return {front: drawn('.front-figure .js-plotly-plot'),
+                widgets: drawn('.labkit-static .js-plotly-plot'),
+                statics: document.querySelectorAll('.labkit-static').length,
+                findings: document.querySelectorAll('.front dd').length,
+                toc: document.querySelectorAll('nav.toc a').length,
+                text: document.body.innerText}; }""")
+    text = counts.pop("text")
+    print(f"report: {report.stat().st_size / 1e6:.1f} MB, {counts}")
+    assert counts["findings"] == len(smoke_lab["notebooks"])
+    assert counts["front"] >= 5  # 01, 02, 04, 05 (two), 06 tag their story's figures
+    assert counts["statics"] >= 5 and counts["widgets"] >= 3  # dashboard, inspector, tuner ...
+    assert counts["toc"] > 2 * len(smoke_lab["notebooks"])
+    for repr_text in ("TrainingDashboard(children", "DiffView(children", "RewardTuner(children",
+                      "AdvantageInspector(children", "AnchorView(children"):
+        assert repr_text not in text
+    assert all(u.startswith(("file:", "data:", "about:")) for u in requests), requests
+    assert not errors, errors
+    for folder in shot_folders(tmp_path):
+        folder.mkdir(parents=True, exist_ok=True)
+        page.locator("section.front").screenshot(path=str(folder / "report_front.png"))
+    context.close()
+
+
+def test_dashboard_replays_the_shipped_model_training(notebook):
+    """The README's dashboard picture: the shipped tiny model trained for a few steps on
+    synthetic tasks (KL to its reference, evaluations, the per-token strip), replayed."""
+    notebook.server.root.joinpath("gen_replay.ipynb").unlink(missing_ok=True)
+    write_notebook(notebook.server.root / "gen_replay.ipynb", [
+        IMPORTS + "\nfrom widgets import TrainingDashboard",
+        'cfg = from_dict(TrainConfig, {"run_dir": "run_replay", "seed": 0, "steps": 6, '
+        '"tasks_per_step": 4, "policy": {"spec": "tiny", "reference": "auto"}, '
+        '"sampling": {"group_size": 4, "max_new_tokens": 160}, '
+        '"tasks": {"train_split": "val", "train_problems": 24, "eval_split": "test", '
+        '"eval_tasks": 8, "seed": 0}, "optim": {"lr": 5e-5}, "loss": {"kl_coef": 0.01}, '
+        '"eval_every": 3, "checkpoint_every": 100, "log_rollouts": -1})\n'
+        "trainer = Trainer(cfg, overwrite=True)\nrows = trainer.train(progress=False)\n"
+        "trainer.close()",
+        "dash = TrainingDashboard.replay('run_replay', height=700)\ndash",
+    ])
+    notebook.open("gen_replay.ipynb")
+    notebook.run_all()
+    page = notebook.page
+    page.wait_for_function(f"() => ({POINTS_JS})() === 6", timeout=300_000)
+    kl = page.evaluate("""() => {
+        const p = document.querySelector('.labkit-dashboard .js-plotly-plot');
+        const t = p.data.find(d => d.name === 'kl/k3');
+        return t ? t.y.filter(v => v !== null).length : -1; }""")
+    assert kl == 6  # the KL panel is filled
+    strip = page.evaluate("""() => {
+        const p = document.querySelectorAll('.labkit-dashboard .js-plotly-plot')[1];
+        return p && p.data[0].z ? p.data[0].z.length : -1; }""")
+    assert strip == 16  # one row per rollout of the last step
+    notebook.screenshot(".labkit-dashboard", "training_dashboard.png")

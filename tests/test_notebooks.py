@@ -115,12 +115,48 @@ def test_report_is_static_with_plotly_inline_once(tmp_path):
     nbformat.write(nb, tmp_path / "00_x.ipynb")
     page = lab.write_report(tmp_path, [{"notebook": "00_x", "status": "ok", "seconds": 1.0,
                                         "numbers": {"k": 1}}]).read_text()
-    assert "curve-xyz" in page and "a title" in page and "k=1" in page
+    assert "curve-xyz" in page and "a title" in page and "href='00_x.json'" in page
     assert "open the notebook in JupyterLab" in page
     assert not re.search(r"<script[^>]+src=[\"']?http", page)
     assert "plotly.min.js'></script>" not in page  # a renderer's loader output is dropped
     assert page.count("window.Plotly") >= 1  # plotly.js inline
     assert page.count("<script type='text/javascript'>") == 1  # ... once
+
+
+def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widgets(tmp_path):
+    """The front page: a sentence per notebook written from its numbers, the plotly outputs
+    of ``front-page`` cells, a key-numbers table, contents linking each notebook's
+    sections; a widget's static rendering replaces its text form."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from labkit.report import findings
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## Training three ways"),
+                nbformat.v4.new_code_cell("fig"), nbformat.v4.new_code_cell("dash")]
+    nb.cells[1].metadata["tags"] = ["front-page"]
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name="front-curve"))
+    nb.cells[1].outputs = [nbformat.v4.new_output(
+        "display_data", data={lab.PLOTLY_MIME: json.loads(pio.to_json(fig)), "text/plain": "Figure"})]
+    nb.cells[2].outputs = [nbformat.v4.new_output("display_data", data={
+        lab.WIDGET_MIME: {"model_id": "m"}, "text/plain": "TrainingDashboard(children=(...",
+        "text/html": "<div class='labkit-static'><div class='plotly-graph-div'>static</div></div>"})]
+    nbformat.write(nb, tmp_path / "05_training.ipynb")
+    numbers = {"methods": ["grpo", "didpo"], "steps": {"grpo": 12, "didpo": 12},
+               "r_test_first": {"grpo": 0.41, "didpo": 0.40}, "r_test_last": {"grpo": 0.63, "didpo": 0.6},
+               "eval_pass_at_1": {"grpo": [0.31, 0.33], "didpo": [0.3]}}
+    assert findings("05_training", numbers) == [
+        "grpo: training test reward 0.41 -> 0.63 in 12 steps; held-out pass@1 0.31 -> 0.33.",
+        "didpo: training test reward 0.40 -> 0.60 in 12 steps."]
+    assert "lack what the summary reads" in findings("05_training", {"methods": ["x"]})[0]
+    page = lab.write_report(tmp_path, [{"notebook": "05_training", "status": "ok", "seconds": 3.0,
+                                        "numbers": numbers}]).read_text()
+    front = page[:page.index("<section class='nb'")]
+    assert "What this run found" in front and "0.41 -&gt; 0.63" in front
+    assert "front-curve" in front  # the tagged cell's figure is on the front page
+    assert "<a href='#Training-three-ways'>Training three ways</a>" in front  # contents
+    assert "TrainingDashboard(children" not in page and "labkit-static" in page
 
 
 def test_clear_outputs_strips(tmp_path):
@@ -288,9 +324,10 @@ CHECKS = {name: globals()[f"check_{name[:2]}"] for name in EXPECTED}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPECTED)
-def test_smoke_run_records_sane_numbers(name, tmp_path):
-    row = lab.run_notebook(ROOT / "notebooks" / f"{name}.ipynb", tmp_path, smoke=True)
-    assert row["status"] == "ok", f"{name}: {row.get('error')} (see {tmp_path / (name + '.ipynb')})"
+def test_smoke_run_records_sane_numbers(name, smoke_lab):
+    row = next(r for r in smoke_lab["notebooks"] if r["notebook"] == name)
+    out = Path(smoke_lab["out"])
+    assert row["status"] == "ok", f"{name}: {row.get('error')} (see {out / (name + '.ipynb')})"
     numbers = row["numbers"]
     assert numbers is not None, f"{name} wrote no {name}.json"
     assert numbers["smoke"] is True and numbers["seconds"] > 0

@@ -483,3 +483,20 @@ def test_component_effects_say_which_components_can_act():
     clip = ReshapeConfig(**{**vars(recipe("raw")), "adv_clip": 2.0})
     assert component_effects(one_of_eight, clip, "grpo")["acts"].tolist() == [True]  # 2.47 -> 2
     assert component_effects(trap_batch(), recipe("reshaped_grpo"), "grpo")["acts"].all()
+
+
+def test_widgets_carry_a_static_rendering_for_pages_without_a_kernel(tmp_path, random_model_dir):
+    """Every widget's display data has ``text/html``: its figures as plotly divs, its HTML
+    and controls as they are now; no widget model is needed to read it."""
+    from widgets import DiffView, TrainingDashboard
+    from widgets.static import static_html
+
+    dash = TrainingDashboard()
+    dash.rows = [{"step": 1, "reward/mean": 0.25}, {"step": 2, "reward/mean": 0.75}]
+    bundle = dash._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # JupyterLab still gets the widget
+    page = bundle["text/html"]
+    assert page.count("plotly-graph-div") == 2 and "0.75" in page  # curves and strip, current data
+    assert "TrainingDashboard(" not in page and "<button" not in page
+    view = DiffView(buggy_code="x = 1\n", completion="x = 2\n", code="x = 2\n")
+    assert "x = 2" in static_html(view) and "labkit-diffview" in static_html(view)

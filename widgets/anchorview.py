@@ -30,6 +30,7 @@ from widgets.diffview import DiffView
 from widgets.errors import shown_in
 from widgets.records import describe, open_run, read_rollouts
 from widgets.tables import frame_html
+from widgets.static import StaticView
 
 COLOR_BY = ("advantages", "a_d")
 """What colours the member tokens: the advantages the trainer trained with (from the
@@ -182,7 +183,7 @@ def pick_task(rows: Sequence[Mapping], step: int | None = None,
 # ----------------------------------------------------------------------------- widget
 
 
-class AnchorView(ipw.VBox):
+class AnchorView(StaticView, ipw.VBox):
     """The anchors of one task; selecting one outlines its spans in every member's DiffView.
 
     ``anchors``: anchor dicts (:func:`anchor_dicts`) in GS order; ``records``: the group's

@@ -30,6 +30,7 @@ from traitlets import Bool, List, Unicode
 from widgets.colors import escape, plotly_colorscale
 from widgets.errors import shown_in
 from widgets.records import COMPONENTS, at_step, open_run, read_rollouts
+from widgets.static import StaticView
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",
@@ -88,7 +89,7 @@ def _replace_from(rows: Sequence[Mapping], row: Mapping) -> list[Mapping]:
 # ----------------------------------------------------------------------------- widget
 
 
-class TrainingDashboard(ipw.VBox):
+class TrainingDashboard(StaticView, ipw.VBox):
     """Training curves, a per-token strip of the latest batch and a Stop button.
 
     State: ``rows`` (metrics rows), ``eval_rows``, ``batch`` (latest records); each
@@ -168,7 +169,7 @@ class TrainingDashboard(ipw.VBox):
 
     def _handlers(self) -> tuple[tuple[str, Any], ...]:
         return (("on_rollout", self._on_rollout), ("on_step_end", self._on_step_end),
-                ("on_eval", self._on_eval))
+                ("on_eval", self._on_eval), ("on_train_end", self._on_train_end))
 
     def _on_rollout(self, trainer: Any, step: int, rollouts: Sequence) -> None:
         with shown_in(self.out):
@@ -184,6 +185,10 @@ class TrainingDashboard(ipw.VBox):
     def _on_eval(self, trainer: Any, step: int, metrics: Mapping) -> None:
         with shown_in(self.out):
             self.eval_rows = _replace_from(self.eval_rows, metrics)
+
+    def _on_train_end(self, trainer: Any, **_: Any) -> None:
+        with shown_in(self.out):
+            self.publish_static()  # a headless run's notebook keeps the trained curves
 
     def _with_stop(self, line: str) -> str:
         """A progress line that keeps saying a stop was requested (the step in flight still

@@ -19,6 +19,7 @@ from traitlets import Float, List, Unicode
 
 from widgets.colors import diverging_color, escape, ink_color, legend_html, symmetric_scale
 from widgets.records import describe
+from widgets.static import StaticView
 
 Outline = tuple[int, int, str]
 """``(start, end, label)``: characters ``[start, end)`` of the completion."""
@@ -136,7 +137,7 @@ def record_traits(record: Mapping) -> dict:
 # ----------------------------------------------------------------------------- widget
 
 
-class DiffView(ipw.VBox):
+class DiffView(StaticView, ipw.VBox):
     """Buggy code | completion coloured by per-token advantage, with a legend.
 
     Every trait re-renders the view; set several at once with :meth:`show_record`.

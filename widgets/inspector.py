@@ -21,6 +21,7 @@ from widgets.colors import escape
 from widgets.diffview import DiffView
 from widgets.records import COMPONENTS, describe, group, open_run, read_rollouts, sequence_advantage
 from widgets.tables import frame_html
+from widgets.static import StaticView
 
 ESTIMATORS = tuple(ADVANTAGE_ESTIMATORS.names(needs=()))
 """The estimators a stored group's rewards are enough for: those needing no rollouts, tasks
@@ -51,7 +52,7 @@ def group_frame(records: Sequence[Mapping], estimators: Sequence[str] = ESTIMATO
     return frame
 
 
-class AdvantageInspector(ipw.VBox):
+class AdvantageInspector(StaticView, ipw.VBox):
     """Reward components -> reshaped reward -> advantage for one group, plus a DiffView.
 
     ``records`` must share one ``step`` and ``task_id``; ``selected`` is the index of the

@@ -30,6 +30,7 @@ from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run, read_rollouts
 from widgets.tables import frame_html
+from widgets.static import StaticView
 
 SLIDERS: tuple[tuple[str, float, float, float], ...] = (
     ("w_test", 0.0, 2.0, 0.05), ("w_precision", 0.0, 1.0, 0.05), ("w_style", 0.0, 1.0, 0.05),
@@ -166,7 +167,7 @@ def run_reshape_config(run_dir: str | Path) -> ReshapeConfig:
 # ----------------------------------------------------------------------------- widget
 
 
-class RewardTuner(ipw.VBox):
+class RewardTuner(StaticView, ipw.VBox):
     """Sliders and toggles over a :class:`ReshapeConfig`, recomputing a stored batch at once.
 
     ``config`` is the live config (the controls write it; setting it moves the controls);

@@ -1,0 +1,259 @@
+"""The lab report's front page: what each notebook found in this run, in a minute's reading.
+
+:func:`front_page` turns the lab's status rows (each with the numbers its notebook recorded,
+:func:`labkit.lab.record`) and the executed notebooks into HTML:
+
+* **What this run found**: one or two sentences per notebook, written from its numbers by
+  the function registered for it in :data:`FINDINGS` (a notebook without one, or whose
+  numbers lack a key, gets a plain pointer to its JSON instead of a wrong sentence);
+* **Figures**: the plotly outputs of the cells tagged ``front-page`` in the notebooks
+  (the training curves, the credit agreement, the reward components, the Best-of-N
+  selectors), drawn statically;
+* **Key numbers**: a short table with readable names, units and rounding
+  (:data:`KEY_NUMBERS`); every number stays in ``<notebook>.json`` next to the report;
+* **Contents**: each notebook's status, wall time and section headings, linked.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from labkit.registry import Registry
+
+FRONT_TAG = "front-page"
+"""Cell tag: the cell's plotly outputs are copied onto the front page."""
+
+FINDINGS: Registry = Registry("report finding")
+"""``notebook name -> fn(numbers) -> list of sentences``."""
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+@FINDINGS.register("00_tour")
+def _tour(n: Mapping) -> list[str]:
+    moved = "moved the parameters" if n["param_delta"] > 0 else "left the parameters where they were"
+    return [f"The tiny model repaired {n['tasks']} tasks x {n['rollouts'] // n['tasks']} samples: "
+            f"mean reward {_f(n['reward_mean'])}, pass rate {_f(n['pass_rate'])}; "
+            f"{n['nonzero_std_groups']} of {n['tasks']} groups had a reward spread (GRPO signal).",
+            f"One trainer step ({_pct(n['step_zero_std_frac'])} of its groups without signal) "
+            f"{moved} (L2 change {n['param_delta']:.2e})."]
+
+
+@FINDINGS.register("01_tasks_and_sandbox")
+def _tasks(n: Mapping) -> list[str]:
+    return [f"{n['mutants_caught']} of {n['mutants']} injected bugs were caught by the hidden tests "
+            f"({n['operators_with_site']} of {n['operators']} bug operators found a site).",
+            f"{n['hacks_flagged']} of {n['hacks']} reward hacks were flagged by the sandbox's scan; "
+            f"{n['hacks_rewarded']} would have been paid by the pass/fail reward alone. Copying the "
+            f"buggy code scores precision {_f(n['copy_r_precision'])} (which is why precision is "
+            f"gated), unparsable code compiles to {_f(n['unparsable_r_compile'], 0)}."]
+
+
+@FINDINGS.register("02_reward_reshaping")
+def _reshaping(n: Mapping) -> list[str]:
+    out = [f"On {n['records']} stored rollouts, the raw reward equals the test fraction "
+           f"({'yes' if n['raw_equals_r_test'] else 'no'}); without the precision gate, copies of "
+           f"the buggy code gain {_f(n['trap_minus_default_on_copies'])} reward over the default."]
+    regimes = n.get("regime_no_signal_groups") or {}
+    if regimes:
+        out.append("Groups without signal per feedback regime: "
+                   + ", ".join(f"{k} {v}" for k, v in regimes.items()) + ".")
+    last = n.get("short_pass_at_1_last") or {}
+    if last:
+        out.append("Short runs, training pass@1 at the last step: "
+                   + ", ".join(f"{k} {_f(v)}" for k, v in last.items()) + ".")
+    return out
+
+
+@FINDINGS.register("03_counterfactual_forking")
+def _forking(n: Mapping) -> list[str]:
+    return [f"{n['forks']} forks; {_pct(n['forks_differ_frac'])} changed the program and "
+            f"{_pct(n['dr_nonzero_frac'])} changed the reward. Reusing the prefix cache "
+            f"recomputed {_pct(n['recomputed_fraction'])} of the prefix positions a naive fork "
+            f"re-encodes.",
+            f"{n['hunks']} edit hunks, effects from {_f(n['effect_min'])} to "
+            f"{_f(n['effect_max'])} (reward with minus reward without the hunk)."]
+
+
+@FINDINGS.register("04_anchor_grouping")
+def _anchors(n: Mapping) -> list[str]:
+    rho = {k: v for k, v in (n.get("spearman") or {}).items() if v is not None}
+    out = [f"{n['anchors']} anchors in a group of {n['group_size']}; DiDPO gives diff-level "
+           f"credit to {_pct(n['didpo_token_coverage'])} of the tokens and GRPO's elsewhere."]
+    if rho:
+        out.append(f"Agreement with the measured effect of {n['agreement_hunks']} hunks "
+                   "(Spearman): " + ", ".join(f"{k} {v:+.2f}" for k, v in rho.items()) + ".")
+    return out
+
+
+@FINDINGS.register("05_training")
+def _training(n: Mapping) -> list[str]:
+    out = []
+    for m in n["methods"]:
+        ev = n.get("eval_pass_at_1", {}).get(m) or []
+        held = f"; held-out pass@1 {_f(ev[0])} -> {_f(ev[-1])}" if len(ev) >= 2 else ""
+        out.append(f"{m}: training test reward {_f(n['r_test_first'][m])} -> "
+                   f"{_f(n['r_test_last'][m])} in {n['steps'][m]} steps{held}.")
+    return out
+
+
+@FINDINGS.register("06_mucode")
+def _mucode(n: Mapping) -> list[str]:
+    bon = n.get("bon_pass_final") or {}
+    out = [f"{n['iterations']} expert-iteration rounds on {n['examples']} labelled attempts; the "
+           f"local expert passed in {', '.join(_pct(x) for x in n['expert_pass_frac'])} of tasks."]
+    if bon:
+        out.append("Multi-turn Best-of-N, final pass rate by selector: "
+                   + ", ".join(f"{k} {_f(v)}" for k, v in bon.items())
+                   + f" (one sample, one turn: {_f(n.get('bon_single_turn_n1'))}).")
+    return out
+
+
+@FINDINGS.register("07_bring_your_own_model")
+def _byom(n: Mapping) -> list[str]:
+    base = "stayed frozen" if n["base_weight_max_change"] == 0 else "moved (they should not)"
+    return [f"A Hugging Face model of {n['parameters']:,} parameters trained with LoRA "
+            f"({_pct(n['trainable_fraction'])} trainable) on {n['device']}: the base weights "
+            f"{base}, the adapters moved by up to {n['lora_weight_max_change']:.2e}; "
+            f"{n['steps_with_signal']} of {n['steps']} steps had signal."]
+
+
+@FINDINGS.register("08_scale_out")
+def _scale_out(n: Mapping) -> list[str]:
+    return [f"TRL's GRPOTrainer ran {n['steps']} steps with labkit's sandbox reward "
+            f"({n['grpo_reward_calls']} reward calls; rewards equal labkit's: "
+            f"{'yes' if n['rewards_equal'] else 'no'}); DiDPO credit through TRL equals "
+            f"labkit's: {'yes' if n['credit_equal'] else 'no'}."]
+
+
+KEY_NUMBERS: dict[str, list[tuple[str, str, str]]] = {
+    "00_tour": [("reward_mean", "mean reward of the first batch", "{:.3f}"),
+                ("pass_rate", "pass rate of the first batch", "{:.3f}")],
+    "01_tasks_and_sandbox": [("humaneval_tasks", "bug-injected HumanEval tasks", "{:d}"),
+                             ("mutants_caught", "injected bugs caught by the tests", "{:d}"),
+                             ("hacks_flagged", "reward hacks flagged", "{:d}")],
+    "03_counterfactual_forking": [("recomputed_fraction", "prefix positions recomputed by forks",
+                                   "{:.1%}")],
+    "04_anchor_grouping": [("anchors", "DiDPO anchors in the group", "{:d}"),
+                           ("didpo_token_coverage", "tokens with diff-level credit", "{:.1%}")],
+    "06_mucode": [("bon_single_turn_n1", "single sample, single turn pass rate", "{:.3f}"),
+                  ("bon_turn1_pass_at_n", "pass@N of the first turn", "{:.3f}")],
+    "07_bring_your_own_model": [("trainable_fraction", "trainable share of the LoRA model",
+                                 "{:.2%}")],
+}
+"""``notebook -> [(key, readable name, format)]`` of the front page's table."""
+
+
+def findings(name: str, numbers: Mapping | None) -> list[str]:
+    """The sentences for notebook ``name`` (a pointer to its JSON when none can be written)."""
+    if not numbers:
+        return ["It recorded no numbers."]
+    if name not in FINDINGS:
+        return [f"See {name}.json for its numbers."]
+    try:
+        return FINDINGS.get(name)(numbers)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as e:
+        return [f"Its numbers lack what the summary reads ({type(e).__name__}: {e}); see "
+                f"{name}.json."]
+
+
+def key_numbers_html(rows: Sequence[Mapping]) -> str:
+    lines = ["<table class='key-numbers'><tr><th>notebook</th><th>number</th><th>value</th></tr>"]
+    for r in rows:
+        nums = r.get("numbers") or {}
+        for key, label, fmt in KEY_NUMBERS.get(r["notebook"], []):
+            value = nums.get(key)
+            if value is None:
+                continue
+            try:
+                text = fmt.format(value)
+            except (ValueError, TypeError):
+                text = str(value)
+            lines.append(f"<tr><td>{html.escape(r['notebook'])}</td><td>{html.escape(label)}</td>"
+                         f"<td>{html.escape(text)}</td></tr>")
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+def front_figures(notebook: Path) -> list[str]:
+    """The plotly outputs of ``notebook``'s ``front-page`` cells as static divs."""
+    import nbformat
+    import plotly.io as pio
+
+    if not notebook.is_file():
+        return []
+    nb = nbformat.read(str(notebook), as_version=4)
+    out = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or FRONT_TAG not in cell.get("metadata", {}).get("tags", []):
+            continue
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if PLOTLY_MIME in data:
+                fig = pio.from_json(json.dumps(data[PLOTLY_MIME]))
+                out.append(pio.to_html(fig, include_plotlyjs=False, full_html=False,
+                                       config={"displaylogo": False}))
+    return out
+
+
+_HEADING = re.compile(r"<h([12])[^>]*\bid=\"([^\"]+)\"[^>]*>(.*?)</h\1>", re.S)
+
+
+def headings(body: str) -> list[tuple[int, str, str]]:
+    """``(level, id, text)`` of a notebook fragment's ``h1``/``h2`` headings."""
+    out = []
+    for level, anchor, inner in _HEADING.findall(body):
+        text = re.sub(r"<[^>]+>", "", inner).replace("¶", "").strip()
+        out.append((int(level), anchor, text))
+    return out
+
+
+def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
+    parts = ["<nav class='toc'><h2>Contents</h2><ol>"]
+    for r in rows:
+        name = r["notebook"]
+        status = r["status"]
+        cls = "" if status == "ok" else " class='failed'"
+        subs = [f"<li><a href='#{html.escape(a)}'>{html.escape(t)}</a></li>"
+                for level, a, t in headings(bodies.get(name, "")) if level == 2]
+        parts.append(f"<li><a href='#{name}'>{name}</a> <span{cls}>{html.escape(status)}</span>, "
+                     f"{r['seconds']:.0f} s, <a href='{name}.json'>{name}.json</a>"
+                     + (f"<ol>{''.join(subs)}</ol>" if subs else "") + "</li>")
+    parts.append("</ol></nav>")
+    return "\n".join(parts)
+
+
+def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
+               figures: Callable[[Path], list[str]] = front_figures) -> str:
+    """The front page's HTML (see the module docstring)."""
+    found = ["<section class='front'><h2>What this run found</h2><dl>"]
+    for r in rows:
+        name = r["notebook"]
+        if r["status"] != "ok":
+            said = [f"It failed: {r.get('error', '')}."]
+        else:
+            said = findings(name, r.get("numbers"))
+        found.append(f"<dt><a href='#{name}'>{name}</a></dt><dd>"
+                     + " ".join(html.escape(s) for s in said) + "</dd>")
+    found.append("</dl>")
+    figs = [(r["notebook"], f) for r in rows for f in figures(out / f"{r['notebook']}.ipynb")]
+    if figs:
+        found.append("<h2>Figures</h2>")
+        found += [f"<figure class='front-figure'>{f}<figcaption>from <a href='#{n}'>{n}</a>"
+                  "</figcaption></figure>" for n, f in figs]
+    found.append("<h2>Key numbers</h2>" + key_numbers_html(rows)
+                 + "<p>Every number a notebook recorded is in its JSON file next to this report "
+                   "(<a href='lab.json'>lab.json</a> lists them).</p></section>")
+    return contents_html(rows, bodies) + "\n".join(found)
