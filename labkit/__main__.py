@@ -68,7 +68,9 @@ def cmd_tasks_overlap(args) -> int:
                        f"(got {args.source!r})")
     if args.split == "train":
         raise CLIError("--split must be a held-out split (val, test or in_template), not train")
-    train = synthetic_problems("train", args.train_n, seed=args.seed)
+    if args.split == args.against:
+        raise CLIError(f"--split and --against are both {args.split!r}; compare two splits")
+    train = synthetic_problems(args.against, args.train_n, seed=args.seed)
     held = synthetic_problems(args.split, args.n or 400, seed=args.seed)
     rep = overlap_report(train, held, split=args.split)
     manifest = Path(args.model, "manifest.json") if args.model else None
@@ -76,8 +78,9 @@ def cmd_tasks_overlap(args) -> int:
         sft = set(json.loads(manifest.read_text()).get("sft_templates", []))
         rep["sft_templates"] = len(sft)
         rep["sft_shared_templates"] = len({h.template for h in held} & sft)
-    print(f"{rep['problems']} {args.split} problems vs {rep['train_problems']} train problems "
-          f"(synthetic, seed {args.seed}):")
+    rep["against"] = args.against
+    print(f"{rep['problems']} {args.split} problems vs {rep['train_problems']} {args.against} "
+          f"problems (synthetic, seed {args.seed}):")
     print(f"  solved by a training reference: {rep['solved_by_train_frac']:.1%}")
     print(f"  text similarity to the nearest training problem: median "
           f"{rep['median_similarity']:.3f}, max {rep['max_similarity']:.3f}")
@@ -378,6 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--split", choices=("val", "test", "in_template"), default="test")
     o.add_argument("--n", type=int, default=400, help="held-out problems")
     o.add_argument("--train-n", type=int, default=2000, help="training problems")
+    o.add_argument("--against", choices=("train", "val"), default="train",
+                   help="the split trained on (val: the RL-on-new-templates setting)")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "data" / "models" / "tiny"),
                    help="model folder whose manifest lists its SFT templates ('' = none)")

@@ -285,3 +285,22 @@ def test_training_on_val_templates_is_evaluated_elsewhere_and_on_new_instances()
     fresh = trained_template_tasks(exp)
     assert len(fresh) == 5 and all(t.split == "val" for t in fresh)
     assert not trained & {t.task_id.split("/")[1] for t in fresh}
+
+
+@pytest.mark.slow
+def test_held_out_tasks_a_val_reference_solves_are_found():
+    """Training on ``val`` templates: the held-out ``test`` tasks some trained-on reference
+    passes wholly are named (checked against a plain double loop over the references)."""
+    from labkit.env.overlap import compile_reference, passes_all
+    from labkit.env.tasks import synthetic_problems
+    from labkit.experiments import ExperimentConfig, leaked_task_ids
+    from labkit.experiments.paired import held_out_tasks
+
+    exp = ExperimentConfig(train_split="val", train_problems=300, paired_tasks=120)
+    tasks = held_out_tasks(exp.paired_tasks, "test", 0)
+    got = leaked_task_ids(exp, tasks)
+    refs = [compile_reference(p) for p in synthetic_problems("val", 300, seed=0)]
+    by_id = {p.problem_id: p for p in synthetic_problems("test", 400, seed=0)}
+    want = {t.task_id for t in tasks
+            if any(passes_all(fn, by_id[t.problem_id]) for fn in refs)}
+    assert got == want and 0 < len(got) < len(tasks)  # the measured leak is a few percent

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import from_dict, to_dict, to_record
-from labkit.env.tasks import load_tasks
+from labkit.env.overlap import ReferencePool
+from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit.experiments import stats
-from labkit.experiments.paired import held_out_tasks, paired_eval
+from labkit.experiments.paired import held_out_tasks, paired_difference, paired_eval
 from labkit.experiments.stats import describe
 from labkit.loops.events import RunFolder
 from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
@@ -215,8 +216,31 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk)
     pe = _add_paired_on(results, exp, methods, tasks, "paired")
     if exp.train_split != "train":
+        # The leak pool that defines the held-out splits holds training-split references only;
+        # a reference of the split trained on here may solve a held-out problem outright.
+        leaked = leaked_task_ids(exp, tasks)
+        clean = [i for i, t in enumerate(tasks) if t.task_id not in leaked]
+        _add_paired_on(results, exp, methods, tasks, "paired_clean", keep=clean)
+        results["paired_clean"]["dropped_solved_by_trained_reference"] = len(tasks) - len(clean)
         _add_paired_on(results, exp, methods, trained_template_tasks(exp), "paired_trained")
     return pe
+
+
+def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:
+    """Ids of ``tasks`` (synthetic, of ``exp.split``) whose every hidden test some reference
+    of the problems trained on (``exp.train_problems`` of ``exp.train_split``) passes."""
+    pool = ReferencePool(synthetic_problems(exp.train_split, exp.train_problems,
+                                            seed=exp.task_seed))
+    wanted = {t.problem_id: t.task_id for t in tasks}
+    problems = {}
+    for p in synthetic_problems(exp.split, 2 * len(tasks) + 50, seed=exp.task_seed):
+        if p.problem_id in wanted:
+            problems[p.problem_id] = p
+    missing = set(wanted) - set(problems)
+    if missing:
+        raise ValueError(f"leaked_task_ids: {len(missing)} held-out tasks are not in the first "
+                         f"problems of the {exp.split!r} stream (e.g. {sorted(missing)[0]})")
+    return {wanted[pid] for pid, p in problems.items() if pool.solves(p)}
 
 
 def trained_template_tasks(exp: ExperimentConfig) -> list:
@@ -239,22 +263,26 @@ def trained_template_tasks(exp: ExperimentConfig) -> list:
 
 
 def _add_paired_on(results: dict, exp: ExperimentConfig, methods: list[str], tasks: list,
-                   key: str) -> dict:
+                   key: str, keep: list[int] | None = None) -> dict:
+    """Paired changes of every run on ``tasks`` (only the task indices ``keep``, when given:
+    the evaluation is cached per task set, so a subset costs nothing), under ``key``."""
     dirs = [s["run_dir"] for m in methods for s in results["methods"][m]["seeds"]]
     pe = paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
-    start = pe["start_per_task"]
+    idx = list(range(len(tasks))) if keep is None else keep
+    start = [pe["start_per_task"][i] for i in idx]
     for m in methods:
         r = results["methods"][m]
         per_seed = {}
         for s in r["seeds"]:
-            run = pe["runs"][str(s["run_dir"])]
-            per_seed[s["seed"]] = [e - b for b, e in zip(start, run["end_per_task"])]
-            s[key] = {"end_pass_at_1": run["end_pass_at_1"], "change": run["mean"],
-                      "task_ci95": run["ci95"]}
+            end = [pe["runs"][str(s["run_dir"])]["end_per_task"][i] for i in idx]
+            per_seed[s["seed"]] = [e - b for b, e in zip(start, end)]
+            diff = paired_difference(start, end)
+            s[key] = {"end_pass_at_1": statistics.fmean(end), "change": diff["mean"],
+                      "task_ci95": diff["ci95"]}
         r[f"{key}_change"] = stats.paired_change(per_seed)
-        r[f"{key}_start_pass_at_1"] = pe["start_pass_at_1"]
-    results[key] = {"tasks": pe["tasks"], "k": pe["k"], "start_k": pe["start_k"],
-                    "start_pass_at_1": pe["start_pass_at_1"]}
+        r[f"{key}_start_pass_at_1"] = statistics.fmean(start)
+    results[key] = {"tasks": len(idx), "k": pe["k"], "start_k": pe["start_k"],
+                    "start_pass_at_1": statistics.fmean(start)}
     return pe
 
 
@@ -264,6 +292,8 @@ def paired_lines(results: dict) -> list[str]:
     measured, on new instances of the templates trained on."""
     setting = results.get("setting", {})
     titles = {"paired": f"Paired held-out change ({{tasks}} tasks of `{setting.get('split')}`",
+              "paired_clean": f"Paired held-out change without the tasks a reference trained on "
+                              f"solves ({{tasks}} tasks of `{setting.get('split')}`",
               "paired_trained": "Paired change on the templates trained on ({tasks} new instances "
                                 f"of `{setting.get('train_split')}`"}
     lines: list[str] = []
