@@ -39,4 +39,5 @@ def resolve(name: str) -> Callable[[list[str]], int]:
 register("fork", "labkit.bench.fork:main")
 register("rollout", "labkit.bench.rollout:main")
 register("sandbox", "labkit.bench.sandbox:main")
+register("step", "labkit.bench.step:main")
 register("trl", "labkit.bench.trl:main")

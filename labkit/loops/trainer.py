@@ -491,10 +491,13 @@ class Trainer:
         B = mask.shape[0]
         mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
         ref_logp = None
+        clock = {"reference": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        t0 = time.perf_counter()
         if cfg.kl_coef > 0:
             with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
                 ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
                                       for mb in mbs])  # [B, T]
+        clock["reference"] += time.perf_counter() - t0
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
         horizon = self.loss_horizon
         weight_total = _agg_weight(mask, cfg.agg)
@@ -508,6 +511,7 @@ class Trainer:
         for _ in range(cfg.epochs):
             self.opt.zero_grad(set_to_none=True)
             for mb in mbs:
+                t0 = time.perf_counter()
                 sub = _slice(batch, mb)
                 m = sub["completion_mask"]
                 logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, T]
@@ -525,18 +529,24 @@ class Trainer:
                 share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
                 last = mb is mbs[-1]
                 sync = contextlib.nullcontext() if (self.accel is None or last) else self.accel.no_sync(model)
+                t1 = time.perf_counter()
+                clock["forward"] += t1 - t0
                 with sync:
                     (loss * share * scale).backward()
+                clock["backward"] += time.perf_counter() - t1
                 acc["loss/policy"].append(pg.item() * share)
                 acc["entropy"].append(agg_loss(ent.detach(), m).item())
                 for k, v in pm.items():
                     acc[k].append(v)
+            t0 = time.perf_counter()
             gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
             acc["grad/norm"].append(float(gn))
             self.opt.step()
+            clock["optimizer"] += time.perf_counter() - t0
         model.eval()
         out = {k: (sum(v) if k == "loss/policy" else sum(v) / len(v)) for k, v in acc.items()}
         out["loss/policy"] /= cfg.epochs
+        out.update({f"time/update_{k}": v for k, v in clock.items()})
         return out
 
     # ------------------------------------------------------------------ evaluation

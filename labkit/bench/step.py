@@ -1,0 +1,153 @@
+"""One RL training step at the experiments' batch, phase by phase, against this machine's floor.
+
+The step is the experiments' (:func:`labkit.experiments.base_train_config`: 16 tasks x 8
+samples at T = 1.0, up to 320 new tokens, a KL reference, the shipped tiny model) on
+synthetic tasks of the ``val`` templates (where the model has room to learn). ``--steps``
+steps run; the first is a warm-up, the others are measured and their phases averaged:
+
+* ``prefill`` (one forward over the batch's distinct prompts, timed again on its own) and
+  ``decode`` (the rest of sampling);
+* ``sandbox`` (executing every candidate and the feedback components) and ``reward``
+  (reshaping and the advantage estimator);
+* ``update_reference`` (the KL reference's forward), ``update_forward``,
+  ``update_backward``, ``update_optimizer``.
+
+The floor is the step's arithmetic divided by this machine's matrix-multiply throughput,
+measured in the same run (float32 ``torch.matmul`` at the model's shapes, best of several
+repeats, the threads torch uses): per token a forward costs
+``2 N_layers + 4 L d c`` FLOPs (``N_layers`` the parameters of the transformer blocks,
+``c`` the attention context) plus ``2 d V`` for the logits where they are needed; a backward
+twice the forward. Counted: prefill of the distinct prompts, decode of the tokens actually
+kept (padding rows that keep decoding after their end are waste, reported apart), the
+reference forward and the update's forward and backward over prompt + completion. The
+sandbox has no FLOP floor and counts in the step, not in the floor.
+
+Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; target <= 2.5),
+``phases`` (seconds), ``flops``, ``matmul_gflops``, token counts.
+
+    python -m labkit.bench step [--steps 3] [--tasks 16] [--group 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+from labkit.env.tasks import load_tasks
+from labkit.experiments import ExperimentConfig, base_train_config
+from labkit.loops.trainer import Trainer
+from labkit.policy.loading import load_policy
+
+
+def matmul_gflops(m: int, k: int, n: int, repeats: int = 7, inner: int = 20) -> float:
+    """Best-of-``repeats`` float32 ``[m, k] @ [k, n]`` throughput in GFLOP/s."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            a @ b
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return 2 * m * k * n / best / 1e9
+
+
+def forward_flops(cfg, tokens: int, context: float, logits_tokens: int) -> float:
+    """FLOPs of a forward over ``tokens`` positions of mean attention context ``context``,
+    with the vocabulary projection on ``logits_tokens`` of them."""
+    d, L, ff, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    kv = cfg.num_key_value_heads * (d // cfg.num_attention_heads)
+    block = 2 * d * d + 2 * d * kv + 3 * d * ff  # q, o; k, v; gate, up, down
+    return tokens * (2 * L * block + 4 * L * d * context) + logits_tokens * 2 * d * V
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="labkit.bench step", description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=3, help="steps run; the first is a warm-up")
+    p.add_argument("--tasks", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--policy", default="tiny")
+    a = p.parse_args(argv)
+    if a.steps < 2:
+        p.error("--steps must be >= 2 (the first step is a warm-up)")
+    exp = ExperimentConfig(tasks_per_step=a.tasks, group_size=a.group, policy=a.policy,
+                           train_split="val", train_problems=a.tasks * a.steps, eval_every=0,
+                           eval_tasks=0)
+    run_dir = tempfile.mkdtemp(prefix="bench-step-")
+    cfg = base_train_config(exp, seed=0, run_dir=run_dir)
+    cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
+    tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
+    policy = load_policy(cfg.policy)
+    trainer = Trainer(cfg, policy=policy, train_tasks=tasks, eval_tasks=[], overwrite=True)
+    batches: list[list] = []
+    trainer.events.on("on_rollout", lambda trainer, step, rollouts: batches.append(list(rollouts)))
+    t0 = time.time()
+    rows = trainer.train(progress=False)
+    wall = time.time() - t0
+    trainer.close()
+
+    mcfg = policy.model.config
+    measured = list(zip(rows, batches))[1:]
+    phases: dict[str, list[float]] = {}
+    flops, kept, decoded_rows, prompt_tok = [], [], [], []
+    for row, rollouts in measured:
+        # prefill alone, on this step's distinct prompts
+        prompts = list(dict.fromkeys(r.prompt for r in rollouts))
+        enc = policy.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            tp = time.perf_counter()
+            policy.model(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
+                         logits_to_keep=1)
+            prefill = time.perf_counter() - tp
+        P = [len(r.prompt_ids) for r in rollouts]
+        T = [r.n_tokens for r in rollouts]
+        Pd = [int(m.sum()) for m in enc.attention_mask]
+        f_prefill = forward_flops(mcfg, sum(Pd), statistics.fmean(Pd) / 2, len(Pd))
+        f_decode = sum(forward_flops(mcfg, t, p + t / 2, t) for p, t in zip(P, T))
+        f_seq = sum(forward_flops(mcfg, p + t, (p + t) / 2, t) for p, t in zip(P, T))
+        f_update = f_seq * (1 if cfg.loss.kl_coef > 0 else 0) + 3 * f_seq * cfg.loss.epochs
+        flops.append(f_prefill + f_decode + f_update)
+        kept.append(sum(T))
+        decoded_rows.append(len(T) * max(T))
+        prompt_tok.append(sum(P))
+        for name, value in {
+            "prefill": prefill, "decode": max(0.0, row["time/generate"] - prefill),
+            "sandbox": row["time/execute"], "reward": row["time/reward"],
+            "update_reference": row["time/update_reference"],
+            "update_forward": row["time/update_forward"],
+            "update_backward": row["time/update_backward"],
+            "update_optimizer": row["time/update_optimizer"],
+        }.items():
+            phases.setdefault(name, []).append(value)
+    step_s = statistics.fmean(r["time/step"] for r, _ in measured)
+    d, ff = mcfg.hidden_size, mcfg.intermediate_size
+    gflops = max(matmul_gflops(4096, d, ff), matmul_gflops(4096, ff, d), matmul_gflops(4096, d, d))
+    floor_s = statistics.fmean(flops) / (gflops * 1e9)
+    out = {"step_s": round(step_s, 3), "floor_s": round(floor_s, 3),
+           "ratio": round(step_s / floor_s, 2),
+           "phases": {k: round(statistics.fmean(v), 3) for k, v in phases.items()},
+           "flops": round(statistics.fmean(flops)), "matmul_gflops": round(gflops, 1),
+           "completion_tokens": round(statistics.fmean(kept)),
+           "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
+           "prompt_tokens": round(statistics.fmean(prompt_tok)),
+           "batch": f"{a.tasks} tasks x {a.group} samples", "measured_steps": len(measured),
+           "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
+    print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
+          f"{floor_s:.2f} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "
+          f"{out['ratio']}")
+    for k, v in out["phases"].items():
+        print(f"  {k:<18} {v:7.3f} s")
+    print(f"  completion tokens kept {out['completion_tokens']}, decode positions incl. "
+          f"padding {out['decode_positions_incl_padding']}, prompt tokens {out['prompt_tokens']}")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

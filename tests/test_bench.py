@@ -1,0 +1,31 @@
+"""The step benchmark counts the arithmetic it compares with (no timing is asserted)."""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+
+def test_forward_flops_golden():
+    from labkit.bench.step import forward_flops
+
+    cfg = SimpleNamespace(hidden_size=4, num_hidden_layers=2, intermediate_size=8, vocab_size=10,
+                          num_attention_heads=2, num_key_value_heads=1)
+    # block: q, o 2*16; k, v 2*4*2; gate, up, down 3*4*8 -> 32 + 16 + 96 = 144 per layer
+    per_token = 2 * 2 * 144 + 4 * 2 * 4 * 3.0  # context 3
+    assert forward_flops(cfg, 5, 3.0, 2) == pytest.approx(5 * per_token + 2 * 2 * 4 * 10)
+
+
+@pytest.mark.slow
+def test_step_bench_runs_and_reports_phases_and_the_floor():
+    p = subprocess.run([sys.executable, "-m", "labkit.bench", "step", "--steps", "2", "--tasks", "1",
+                        "--group", "2"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(out["phases"]) == {"prefill", "decode", "sandbox", "reward", "update_reference",
+                                  "update_forward", "update_backward", "update_optimizer"}
+    assert out["flops"] > 0 and out["matmul_gflops"] > 0 and out["floor_s"] > 0
+    assert out["ratio"] == pytest.approx(out["step_s"] / out["floor_s"], rel=0.02)
+    assert out["decode_positions_incl_padding"] >= out["completion_tokens"] > 0
