@@ -281,7 +281,7 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     dash, trainer = TrainingDashboard(), _stub_trainer()
     dash.attach(trainer)
     dash.attach(trainer)  # re-running the cell
-    assert _n_subscribers(trainer.events) == 3
+    assert _n_subscribers(trainer.events) == 4  # rollout, step end, eval, train end (static copy)
     trace = {t.name: t for t in dash.curves.data}
     for step in (1, 2):
         trainer.events.emit("on_rollout", trainer=trainer, step=step - 1, rollouts=[None] * 6)
@@ -306,7 +306,7 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     assert "step 3" in dash._status.value and "stop requested" in dash._status.value
     other = _stub_trainer()
     dash.attach(other)
-    assert _n_subscribers(trainer.events) == 0 and _n_subscribers(other.events) == 3
+    assert _n_subscribers(trainer.events) == 0 and _n_subscribers(other.events) == 4
     dash.close()
     assert _n_subscribers(other.events) == 0 and dash._stop.disabled
 
