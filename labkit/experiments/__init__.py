@@ -196,7 +196,8 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
 
 def setting(exp: ExperimentConfig) -> dict:
     """What every results file says first: split, feedback regime, model, budget, seeds."""
-    return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback, "model": exp.policy,
+    return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback,
+            "model": exp.policy,
             "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
             "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
             "task_seed": exp.task_seed, "seeds": list(exp.seeds),
@@ -220,7 +221,7 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
         # a reference of the split trained on here may solve a held-out problem outright.
         leaked = leaked_task_ids(exp, tasks)
         clean = [i for i, t in enumerate(tasks) if t.task_id not in leaked]
-        _add_paired_on(results, exp, methods, tasks, "paired_clean", keep=clean)
+        _add_paired_on(results, exp, methods, tasks, "paired_clean", keep=clean, evaluated=pe)
         results["paired_clean"]["dropped_solved_by_trained_reference"] = len(tasks) - len(clean)
         _add_paired_on(results, exp, methods, trained_template_tasks(exp), "paired_trained")
     return pe
@@ -246,16 +247,13 @@ def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:
 def trained_template_tasks(exp: ExperimentConfig) -> list:
     """``exp.paired_tasks`` new instances of the templates trained on (``exp.train_split``):
     problems of another stream of the generator whose ids no training problem has."""
-    def problem_id(task) -> str:
-        return task.task_id.split("/")[1]
-
     kinds = {"n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk}
-    trained = {problem_id(t) for t in load_tasks("synthetic", split=exp.train_split,
-                                                 n=exp.train_problems, seed=exp.task_seed, **kinds)}
+    trained = {t.problem_id for t in load_tasks("synthetic", split=exp.train_split,
+                                                n=exp.train_problems, seed=exp.task_seed, **kinds)}
     want = exp.paired_tasks * (4 if exp.multi_hunk else 1)
     fresh = load_tasks("synthetic", split=exp.train_split, n=want + len(trained) // 4,
                        seed=exp.task_seed + 1000, bugs_per_problem=1, **kinds)
-    out = [t for t in fresh if problem_id(t) not in trained][: exp.paired_tasks]
+    out = [t for t in fresh if t.problem_id not in trained][: exp.paired_tasks]
     if len(out) < exp.paired_tasks:
         raise ValueError(f"only {len(out)} new instances of the {exp.train_split!r} templates; "
                          f"lower paired_tasks or train_problems")
@@ -263,11 +261,11 @@ def trained_template_tasks(exp: ExperimentConfig) -> list:
 
 
 def _add_paired_on(results: dict, exp: ExperimentConfig, methods: list[str], tasks: list,
-                   key: str, keep: list[int] | None = None) -> dict:
-    """Paired changes of every run on ``tasks`` (only the task indices ``keep``, when given:
-    the evaluation is cached per task set, so a subset costs nothing), under ``key``."""
+                   key: str, keep: list[int] | None = None, evaluated: dict | None = None) -> dict:
+    """Paired changes of every run on ``tasks`` (only the task indices ``keep``, when given),
+    under ``key``; ``evaluated``: the :func:`paired_eval` of these tasks, when already made."""
     dirs = [s["run_dir"] for m in methods for s in results["methods"][m]["seeds"]]
-    pe = paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
+    pe = evaluated or paired_eval(dirs, tasks, exp.paired_k, start_k=exp.paired_start_k)
     idx = list(range(len(tasks))) if keep is None else keep
     start = [pe["start_per_task"][i] for i in idx]
     for m in methods:

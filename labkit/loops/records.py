@@ -77,14 +77,11 @@ class RolloutRecord:
         return cls(**{n: d[n] for n in names if n in d})
 
 
-def read_rollouts(run: RunFolder | str | Path, step: int | None = None) -> list[dict]:
-    """The rollout records of a run folder (of ``step`` only, when given), each checked
-    against :class:`RolloutRecord`; returned as dicts, the form the widgets index."""
+def read_rollouts(run: RunFolder | str | Path) -> list[dict]:
+    """The rollout records of a run folder, each checked against :class:`RolloutRecord`;
+    returned as dicts, the form the widgets index (``widgets.records.at_step`` picks a step)."""
     folder = run if isinstance(run, RunFolder) else RunFolder(run)
-    out = []
-    for i, row in enumerate(folder.read("rollouts.jsonl"), 1):
-        if step is not None and row.get("step") != step:
-            continue
+    rows = folder.read("rollouts.jsonl")
+    for i, row in enumerate(rows, 1):
         RolloutRecord.from_dict(row, where=f"{folder.file('rollouts.jsonl')}:{i}")
-        out.append(row)
-    return out
+    return rows
