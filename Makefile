@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test chromium install jupyter bench clean-venv
+.PHONY: lab test chromium install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,23 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# verl (optional, for the scale-out checks): its packages without their dependencies, in a
+# folder beside the virtualenv that only the verl adapter's checks put on PYTHONPATH, so the
+# lab's own environment (and `pip check`) is unchanged. See docs/scale_out.md.
+VERL_DIR   := $(VENV)/verl
+VERL_STAMP := $(VERL_DIR)/.installed
+$(VERL_STAMP): $(STAMP) requirements-verl.txt
+	rm -rf $(VERL_DIR)
+	$(PIP) install -q --no-deps --target $(VERL_DIR) -r requirements-verl.txt
+	touch $(VERL_STAMP)
+
+verl-extra: $(VERL_STAMP)
+
 lab: $(STAMP)
 	$(PY) -m labkit lab $(LAB_ARGS)
 
 # Chromium first: a missing browser that cannot be installed stops before the long venv build.
-test: chromium $(STAMP)
+test: chromium $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
 
 chromium:

@@ -34,13 +34,12 @@ from typing import Any
 
 import torch
 
-from labkit.credit.advantages import AdvantageInput, compute_advantages
-from labkit.credit.reshaping import ReshapeConfig, Reshaper, recipe, test_term
-from labkit.env.feedback import FeedbackConfig, evaluate_many
+from labkit.credit.reshaping import ReshapeConfig
+from labkit.env.feedback import FeedbackConfig
 from labkit.env.records import RepairTask
-from labkit.env.sandbox import default_sandbox
+from labkit.integrations.credit import didpo_credit
+from labkit.integrations.scoring import SandboxScorer
 from labkit.policy.prompts import extract_code, plain_prompt
-from labkit.policy.rollout import Rollout, token_offsets
 
 try:
     from trl import GRPOTrainer
@@ -67,54 +66,23 @@ def _completion_text(completion: Any) -> str:
     return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
 
 
-class SandboxReward:
+class SandboxReward(SandboxScorer):
     """labkit's feedback as a TRL reward function (``GRPOTrainer(reward_funcs=[...])``).
 
     For every completion: extract the program (``labkit.policy.prompts.extract_code``), run it
     in the sandbox against the task's hidden tests (:func:`labkit.env.feedback.evaluate_many`
     under the ``feedback`` regime), and return the recipe's reward
-    (:class:`labkit.credit.reshaping.Reshaper`, its precision gate against the buggy code's own
-    signal). Every component's batch mean goes to TRL's logs as ``labkit/<component>``.
-    ``history`` keeps the last ``keep`` calls (tasks, codes, rewards) for inspection and
-    tests."""
+    (:class:`~labkit.integrations.scoring.SandboxScorer`). Every component's batch mean goes to
+    TRL's logs as ``labkit/<component>``. ``history`` keeps the last ``keep`` calls (tasks,
+    codes, rewards) for inspection and tests."""
 
     def __init__(self, feedback: str | FeedbackConfig = "dense", recipe_name: str | ReshapeConfig = "raw",
                  sandbox=None, keep: int = 8):
+        super().__init__(feedback=feedback, recipe_name=recipe_name, sandbox=sandbox)
         self.__name__ = "labkit_sandbox"  # TRL names a reward function by its __name__
-        self.feedback = feedback if isinstance(feedback, FeedbackConfig) else FeedbackConfig(mode=feedback)
-        self.feedback.validate()
-        self.reshape = recipe_name if isinstance(recipe_name, ReshapeConfig) else recipe(recipe_name)
-        self.reshape.validate()
-        self.sandbox = sandbox if sandbox is not None else default_sandbox()
         self.history: list[dict] = []
         self.keep = keep
-        self._tasks: dict[str, RepairTask] = {}
-        self._buggy: dict[str, float] = {}
         self._calls = 0
-
-    def task(self, record: str | dict) -> RepairTask:
-        """The task of one dataset row (its ``task`` column), rebuilt once and cached."""
-        data = json.loads(record) if isinstance(record, str) else record
-        if data["task_id"] not in self._tasks:
-            self._tasks[data["task_id"]] = RepairTask.from_dict(data)
-        return self._tasks[data["task_id"]]
-
-    def rewards(self, tasks: Sequence[RepairTask], codes: Sequence[str], step: int = 0,
-                seed: int = 0) -> tuple[list[float], list[dict]]:
-        """The recipe's rewards of ``codes`` for ``tasks`` and their components (the same
-        functions labkit's own trainer calls)."""
-        todo = list({t.task_id: t for t in tasks if t.task_id not in self._buggy}.values())
-        if todo:  # the precision gate's baseline: the buggy code's own signal, once per task
-            base = evaluate_many(todo, [t.buggy_code for t in todo], config=self.feedback,
-                                 sandbox=self.sandbox, seed=seed)
-            for t, f in zip(todo, base):
-                self._buggy[t.task_id] = test_term(f.components, self.reshape)
-        fb = evaluate_many(tasks, codes, config=self.feedback, sandbox=self.sandbox, seed=seed)
-        reshaper = Reshaper(self.reshape)
-        reshaper.step = step
-        comps = [f.components for f in fb]
-        rewards, _ = reshaper.rewards(comps, [self._buggy[t.task_id] for t in tasks])
-        return rewards.tolist(), comps
 
     def __call__(self, prompts, completions, task, log_metric=None, trainer_state=None,
                  **kwargs) -> list[float]:
@@ -167,23 +135,10 @@ class DiDPOTrainer(GRPOTrainer):
         rewards = torch.nansum(self._rewards_per_func * self.reward_weights.to(
             self._rewards_per_func.device).unsqueeze(0), dim=1).double().cpu()  # [B]
         mask = out["completion_mask"].detach().cpu().double()  # [B, T]
-        ids = out["completion_ids"].detach().cpu()
-        tok = self.processing_class
-        rollouts, tasks = [], []
-        for b, example in enumerate(inputs):
-            n = int(mask[b].sum())
-            cids = ids[b, :n].tolist()
-            text = tok.decode(cids, skip_special_tokens=True)
-            code = extract_code(text)
-            rollouts.append(Rollout(
-                task_id=example["task_id"], sample=b % G, prompt="", prompt_ids=[],
-                completion_ids=cids, logprobs=[0.0] * n, completion=text, code=code,
-                code_start=text.find(code.rstrip("\n")) if code else -1,
-                offsets=token_offsets(tok, cids) if cids else [], finished=True))
-            tasks.append(RepairTask.from_dict(json.loads(example["task"])))
-        groups = [b // G for b in range(len(rollouts))]
-        credit = compute_advantages("didpo", AdvantageInput(rewards, groups, mask, rollouts=rollouts,
-                                                            tasks=tasks), **self.didpo_options)
+        tasks = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
+        groups = [b // G for b in range(len(inputs))]
+        credit, rollouts = didpo_credit(self.processing_class, out["completion_ids"], mask,
+                                        rewards, groups, tasks, **self.didpo_options)
         for k, v in credit.metrics.items():
             if k.startswith("anchors/"):
                 self._metrics[mode][f"didpo/{k.split('/', 1)[1]}"].append(v)
