@@ -48,6 +48,50 @@ def test_tree_distance_matches_full_zhang_shasha_on_local_edits(a, b):
     assert fb.tree_distance(a, b) == pytest.approx(_naive_ted(a, b) / size)
 
 
+def _random_program(rng) -> str:
+    """A small random function: nested ifs / fors / returns over a few names and constants,
+    so that two draws differ in shape, labels and size."""
+    names, ops = ["x", "y", "total", "i"], ["+", "-", "*", "<", "=="]
+
+    def expr(depth):
+        if depth == 0 or rng.random() < 0.4:
+            return rng.choice(names + [str(rng.randint(0, 3))])
+        return f"({expr(depth - 1)} {rng.choice(ops)} {expr(depth - 1)})"
+
+    def block(indent, depth):
+        lines = []
+        for _ in range(rng.randint(1, 3)):
+            kind = rng.random()
+            pad = "    " * indent
+            if depth and kind < 0.25:
+                lines += [f"{pad}if {expr(2)}:"] + block(indent + 1, depth - 1)
+            elif depth and kind < 0.45:
+                lines += [f"{pad}for i in range({expr(1)}):"] + block(indent + 1, depth - 1)
+            elif kind < 0.8:
+                lines.append(f"{pad}{rng.choice(names)} = {expr(2)}")
+            else:
+                lines.append(f"{pad}return {expr(2)}")
+        return lines
+
+    return "\n".join(["def f(x, y):"] + block(1, 2)) + "\n"
+
+
+def test_zhang_shasha_equals_the_zss_package():
+    """labkit's list-based Zhang-Shasha against the zss package (the naive second
+    implementation) on 300 random program pairs and on whole task programs."""
+    import random
+
+    from zss import simple_distance
+
+    rng = random.Random(0)
+    for _ in range(300):
+        a, b = fb._parse(_random_program(rng)).body, fb._parse(_random_program(rng)).body
+        assert fb._ted(a, b) == simple_distance(fb._zss(a), fb._zss(b))
+    a, b = fb._parse(BUGGY).body, fb._parse(FIXED).body
+    assert fb._ted(a, b) == simple_distance(fb._zss(a), fb._zss(b)) == 3
+    assert fb._ted(a, a) == 0 and fb._ted([], a) == fb._size(fb._parse(BUGGY)) - 1
+
+
 def test_tree_distance_golden():
     # BUGGY has 19 nodes: Module, FunctionDef, arguments, arg, Assign, Name, Constant, For,
     # Name, Name, AugAssign, Name, Add, Name, Return, BinOp, Name, Add, Constant.

@@ -91,6 +91,30 @@ def test_timeout_keeps_the_tests_reported_before_it(sandbox):
     assert 0.5 <= r.wall_s < 2.0
 
 
+def test_per_test_limit_ends_a_loop_early_and_keeps_the_tests_before_it():
+    """A candidate that loops on its third test: with a 0.3 s per-test limit the check ends
+    about 0.3 s after the second test reported, not at the 4 s deadline; without the limit
+    it runs to the deadline. The outcomes are the same either way."""
+    code = "def f(x):\n    while x == 3:\n        pass\n    return x\n"
+    tests = suite(*(IOCase((x,), x) for x in (1, 2, 3, 4)))
+    runs = {}
+    for limit in (0.3, None):
+        with Sandbox(SandboxConfig(workers=1, timeout_s=4.0, test_timeout_s=limit)) as sb:
+            runs[limit] = sb.run(Candidate(code, tests, "f"))
+    short, full = runs[0.3], runs[None]
+    for r in (short, full):
+        assert r.status is Status.TIMEOUT
+        assert [o.ok for o in r.outcomes] == [True, True, False, False]
+    assert 0.3 <= short.wall_s < 2.0 and "per-test limit" in short.error
+    assert full.wall_s >= 4.0 and "wall-clock deadline" in full.error
+    # a slow but finishing test under the limit is not cut
+    slow = "import time\ndef f(x):\n    time.sleep(0.1)\n    return x\n"
+    with Sandbox(SandboxConfig(workers=1, timeout_s=4.0, test_timeout_s=0.3)) as sb:
+        assert sb.run(Candidate(slow, tests, "f")).status is Status.PASSED
+    with pytest.raises(ValueError, match="test_timeout_s"):
+        SandboxConfig(test_timeout_s=0)
+
+
 def test_stderr_tail_is_kept(sandbox):
     code = "import sys\ndef f():\n    print('x' * 5000, 'the end', file=sys.stderr)\n    return 1\n"
     r = sandbox.run(Candidate(code, suite(IOCase((), 1)), "f"))

@@ -975,8 +975,10 @@ class Worker:
         os.close(err_w)
         try:
             stream_from = start + STREAM_AFTER_S if job.get("stream") else None
+            test_timeout = job.get("test_timeout")
             header, result = self._supervise(pid, res_r, err_r, start + float(job["timeout"]),
-                                             stream_from)
+                                             stream_from,
+                                             float(test_timeout) if test_timeout else None)
             header["wall_s"] = time.monotonic() - start
         finally:
             os.close(res_r)
@@ -993,9 +995,11 @@ class Worker:
         return header, result
 
     def _supervise(self, pid: int, res_r: int, err_r: int, deadline: float,
-                   stream_from: float | None) -> tuple[dict, bytes]:
-        """Read the child's pipes until it exits, the deadline passes, output overflows the
-        cap or the parent asks to stop this check; then kill its process group and reap it.
+                   stream_from: float | None, test_timeout: float | None = None
+                   ) -> tuple[dict, bytes]:
+        """Read the child's pipes until it exits, the deadline passes, no result line has come
+        for ``test_timeout`` seconds (one test ran too long), output overflows the cap or the
+        parent asks to stop this check; then kill its process group and reap it.
         From time ``stream_from`` on (if given), complete result lines are forwarded to the
         parent as they come (``{"partial": true}`` frames) so that it can grade them early;
         most checks end before that and cost no extra frames."""
@@ -1004,7 +1008,10 @@ class Worker:
         forwarded = 0  # bytes of ``result`` already streamed to the parent
         stderr = _Tail(self.cfg["stderr_tail_bytes"])
         header: dict = {"exit": None, "signal": None, "timed_out": False, "capped": "",
-                        "stopped": False}
+                        "stopped": False, "test_timed_out": False}
+        check_deadline = deadline
+        if test_timeout is not None:  # the next result line is due by then
+            deadline = min(check_deadline, time.monotonic() + test_timeout)
         try:
             pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # Linux < 5.3: poll waitid every few milliseconds
@@ -1021,6 +1028,7 @@ class Worker:
                 now = time.monotonic()
                 if now >= deadline:
                     header["timed_out"] = True
+                    header["test_timed_out"] = deadline < check_deadline
                     break
                 wake = deadline if pidfd is not None else min(deadline, now + 0.005)
                 if stream_from is not None and now < stream_from and result:
@@ -1035,6 +1043,8 @@ class Worker:
                         chunk = os.read(fd, 1 << 16)
                         if chunk:
                             readers[fd](chunk)
+                            if test_timeout is not None and fd == res_r and b"\n" in chunk:
+                                deadline = min(check_deadline, time.monotonic() + test_timeout)
                         else:
                             poller.unregister(fd)
                             del readers[fd]

@@ -246,6 +246,7 @@ def _size(n: ast.AST) -> int:
 
 
 def _zss(nodes: list[ast.AST]):
+    """The ``zss`` package's tree of a statement run (the tests' reference implementation)."""
     from zss import Node
 
     def build(n: ast.AST) -> Node:
@@ -258,6 +259,79 @@ def _zss(nodes: list[ast.AST]):
     for n in nodes:
         root.addkid(build(n))
     return root
+
+
+def _postorder(nodes: list[ast.AST]) -> tuple[list[str], list[int]]:
+    """Labels and leftmost-leaf indices, in post-order, of the tree ``block(nodes...)``."""
+    labels: list[str] = []
+    leftmost: list[int] = []
+
+    def visit(label: str, kids: list[ast.AST]) -> int:
+        first = -1
+        for k in kids:
+            at = visit(_label(k), _children(k))
+            if first < 0:
+                first = leftmost[at]
+        labels.append(label)
+        leftmost.append(first if first >= 0 else len(labels) - 1)
+        return len(labels) - 1
+
+    visit("block", nodes)
+    return labels, leftmost
+
+
+def _keyroots(leftmost: list[int]) -> list[int]:
+    """For each leftmost leaf, the highest node having it (Zhang and Shasha's key roots)."""
+    last: dict[int, int] = {}
+    for i, left in enumerate(leftmost):
+        last[left] = i
+    return sorted(last.values())
+
+
+def _ted(a: list[ast.AST], b: list[ast.AST]) -> int:
+    """Unit-cost Zhang-Shasha tree edit distance between ``block(a...)`` and ``block(b...)``
+    (Zhang and Shasha 1989): insert, delete and relabel cost 1; labels are :func:`_label`.
+    The same number as ``zss.simple_distance`` on :func:`_zss` trees (a test checks), with
+    the forest-distance table on plain lists and the unit costs inlined."""
+    la, pa = _postorder(a)
+    lb, pb = _postorder(b)
+    n, m = len(la), len(lb)
+    td = [[0] * m for _ in range(n)]
+    kb = _keyroots(pb)
+    for i in _keyroots(pa):
+        li = pa[i]
+        rows = i - li + 2
+        for j in kb:
+            lj = pb[j]
+            cols = j - lj + 2
+            fd = [[0] * cols for _ in range(rows)]
+            first = fd[0]
+            for y in range(1, cols):
+                first[y] = y
+            for x in range(1, rows):
+                ia = li + x - 1
+                left_a = pa[ia]
+                label_a = la[ia]
+                row, prev = fd[x], fd[x - 1]
+                row[0] = x
+                td_a = td[ia]
+                whole_a = left_a == li
+                for y in range(1, cols):
+                    jb = lj + y - 1
+                    best = prev[y] + 1
+                    ins = row[y - 1] + 1
+                    if ins < best:
+                        best = ins
+                    if whole_a and pb[jb] == lj:
+                        sub = prev[y - 1] + (label_a != lb[jb])
+                        if sub < best:
+                            best = sub
+                        row[y] = best
+                        td_a[jb] = best
+                    else:
+                        sub = fd[left_a - li][pb[jb] - lj] + td_a[jb]
+                        row[y] = sub if sub < best else best
+    return td[n - 1][m - 1]
 
 
 def _strip_docstrings(module: ast.Module) -> ast.Module:
@@ -280,13 +354,11 @@ def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:
     Statements are aligned by ``difflib`` on their ``ast.dump``; equal statements cost 0,
     a compound statement of the same kind and header in both (``def``, ``for``, ``while``,
     ``if``, ``with``) is compared body against body (recursively), and each remaining
-    replaced / inserted / deleted run is priced by Zhang-Shasha on just that run. The
+    replaced / inserted / deleted run is priced by Zhang-Shasha (:func:`_ted`) on just that run. The
     result is an upper bound of the full tree edit distance that is exact for the usual
     repair (one or a few local edits) and orders of magnitude cheaper.
     """
     import difflib
-
-    from zss import simple_distance
 
     da, db = [ast.dump(s) for s in a], [ast.dump(s) for s in b]
     total = 0
@@ -301,7 +373,7 @@ def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:
         if not xa or not xb:
             total += sum(_size(s) for s in xa + xb)
             continue
-        total += simple_distance(_zss(xa), _zss(xb))
+        total += _ted(xa, xb)
     return total
 
 
@@ -323,12 +395,14 @@ def _dump_field(v) -> str:
     return ast.dump(v) if isinstance(v, ast.AST) else repr(v)
 
 
+@functools.lru_cache(maxsize=65536)
 def tree_distance(a: str, b: str) -> float:
     """``d = TED(ast(a), ast(b)) / max(|a|, |b|)`` in [0, 1], docstrings ignored.
 
     TED is the unit-cost Zhang-Shasha tree edit distance, computed piecewise over the
     statements that differ (:func:`_block_distance`); ``|a|`` counts ast nodes. A program
-    that does not parse is at distance 1 from anything.
+    that does not parse is at distance 1 from anything. Memoised: a GRPO group often holds
+    the same program several times, and a task's buggy code meets it again at every step.
     """
     if a == b:
         return 0.0

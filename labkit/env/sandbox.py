@@ -118,6 +118,12 @@ class SandboxConfig:
     timeout_s: float = 5.0
     """Wall-clock deadline per check, enforced by the worker that forked the child;
     :attr:`Candidate.timeout_s` overrides it. Tests reported before it still count."""
+    test_timeout_s: float | None = 1.0
+    """Wall-clock limit per test: the worker ends the check (a TIMEOUT, like the check's own
+    deadline) when no test has reported for this long, counted from the start and from each
+    reported test. A candidate that loops on one test then costs this, not the whole
+    :attr:`timeout_s`; the tests before it still count and the ones after it fail, as when
+    the check's deadline passes. ``None``: only the check's deadline."""
     cpu_s: int = 10
     """CPU seconds per process (RLIMIT_CPU): a backstop behind the wall deadline."""
     memory_mb: int = 1024
@@ -164,6 +170,8 @@ class SandboxConfig:
         positive = ("workers", "timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb",
                     "max_output_bytes", "tmpfs_mb", "max_code_bytes")
         bad = [name for name in positive if not getattr(self, name) > 0]
+        if self.test_timeout_s is not None and not self.test_timeout_s > 0:
+            bad.append("test_timeout_s")
         if bad or self.nofile < 8:
             raise ValueError(f"SandboxConfig: {bad or ['nofile']} must be positive (nofile >= 8)")
         for path in self.extra_paths:
@@ -631,8 +639,8 @@ def _job_frame(candidate: Candidate, config: SandboxConfig) -> bytes:
             raise ValueError(f"candidate {candidate.id!r}: unknown compare mode "
                              f"{case.compare!r} (expected one of {COMPARE_MODES})")
     return _frame({
-        "timeout": _timeout(candidate, config), "entry": candidate.entry_point,
-        "code": candidate.code, "stream": config.fail_fast,
+        "timeout": _timeout(candidate, config), "test_timeout": config.test_timeout_s,
+        "entry": candidate.entry_point, "code": candidate.code, "stream": config.fail_fast,
         "args": [plain.encode(tuple(case.args)) for case in suite.cases],
         "asserts": [test.source for test in suite.asserts],
         "setup": suite.setup if suite.asserts else "",
@@ -807,6 +815,9 @@ def _classify(header: Mapping, t: _Transcript, outcomes: list[TestOutcome], repo
         return Status.FAILED, f"stopped at the first failure: {first.name}: {first.detail}"
     if t.corrupt:
         return Status.CRASHED, f"result channel corrupted ({t.corrupt}): the check is void"
+    if header.get("test_timed_out"):
+        return Status.TIMEOUT, (f"test {reported} ran past the per-test limit after {reported} "
+                                f"of {total} tests were reported")
     if header.get("timed_out"):
         return Status.TIMEOUT, (f"wall-clock deadline passed after {reported} of {total} tests "
                                 f"were reported")
