@@ -19,8 +19,9 @@ repeats, the threads torch uses): per token a forward costs
 ``c`` the attention context) plus ``2 d V`` for the logits where they are needed; a backward
 twice the forward. Counted: prefill of the distinct prompts, decode of the tokens actually
 kept (padding rows that keep decoding after their end are waste, reported apart), the
-reference forward and the update's forward and backward over prompt + completion. The
-sandbox has no FLOP floor and counts in the step, not in the floor.
+reference forward and the update's forward and backward over each distinct prompt once (the
+update shares a group's prompt, as prefill does) and every row's completion. The sandbox has
+no FLOP floor and counts in the step, not in the floor.
 
 Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; target <= 2.5),
 ``phases`` (seconds), ``flops``, ``matmul_gflops``, token counts.
@@ -110,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         Pd = [int(m.sum()) for m in enc.attention_mask]
         f_prefill = forward_flops(mcfg, sum(Pd), statistics.fmean(Pd) / 2, len(Pd))
         f_decode = sum(forward_flops(mcfg, t, p + t / 2, t) for p, t in zip(P, T))
-        f_seq = sum(forward_flops(mcfg, p + t, (p + t) / 2, t) for p, t in zip(P, T))
+        # the update's pass: each distinct prompt once (sequence_logprobs shares it across
+        # the group's rows), then every row's completion against its prompt's context
+        f_seq = f_prefill + f_decode
         f_update = f_seq * (1 if cfg.loss.kl_coef > 0 else 0) + 3 * f_seq * cfg.loss.epochs
         flops.append(f_prefill + f_decode + f_update)
         kept.append(sum(T))
