@@ -304,3 +304,22 @@ def test_held_out_tasks_a_val_reference_solves_are_found():
     want = {t.task_id for t in tasks
             if any(passes_all(fn, by_id[t.problem_id]) for fn in refs)}
     assert got == want and 0 < len(got) < len(tasks)  # the measured leak is a few percent
+
+
+@pytest.mark.slow
+def test_leak_check_finds_multi_hunk_held_out_tasks_deep_in_the_stream():
+    """Two-bug multi-hunk tasks skip most problems of the held-out stream, so some lie beyond
+    its first 2n + 50 problems; the leak check widens its scan and still finds every task's
+    problem (it raised before). Agreement with a plain double loop is checked on one-bug
+    tasks above."""
+    from labkit.env.tasks import synthetic_problems
+    from labkit.experiments import ExperimentConfig, leaked_task_ids
+    from labkit.experiments.paired import held_out_tasks
+
+    exp = ExperimentConfig(train_split="val", train_problems=50, paired_tasks=150, n_bugs=2,
+                           multi_hunk=True)
+    tasks = held_out_tasks(exp.paired_tasks, "test", 0, 2, True)
+    stream = synthetic_problems("test", 2 * len(tasks) + 50, seed=0)
+    assert {t.problem_id for t in tasks} - {p.problem_id for p in stream}  # deeper than 2n + 50
+    got = leaked_task_ids(exp, tasks)
+    assert got <= {t.task_id for t in tasks}

@@ -233,14 +233,18 @@ def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:
     pool = ReferencePool(synthetic_problems(exp.train_split, exp.train_problems,
                                             seed=exp.task_seed))
     wanted = {t.problem_id: t.task_id for t in tasks}
-    problems = {}
-    for p in synthetic_problems(exp.split, 2 * len(tasks) + 50, seed=exp.task_seed):
-        if p.problem_id in wanted:
-            problems[p.problem_id] = p
-    missing = set(wanted) - set(problems)
+    problems: dict = {}
+    n = 2 * len(tasks) + 50  # held-out tasks skip problems (multi-hunk ones skip most): widen
+    while True:
+        stream = synthetic_problems(exp.split, n, seed=exp.task_seed)
+        problems = {p.problem_id: p for p in stream if p.problem_id in wanted}
+        missing = set(wanted) - set(problems)
+        if not missing or n >= 64 * len(tasks) + 50:
+            break
+        n *= 4
     if missing:
         raise ValueError(f"leaked_task_ids: {len(missing)} held-out tasks are not in the first "
-                         f"problems of the {exp.split!r} stream (e.g. {sorted(missing)[0]})")
+                         f"{n} problems of the {exp.split!r} stream (e.g. {sorted(missing)[0]})")
     return {wanted[pid] for pid, p in problems.items() if pool.solves(p)}
 
 
