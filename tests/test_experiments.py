@@ -309,9 +309,9 @@ def test_held_out_tasks_a_val_reference_solves_are_found():
 @pytest.mark.slow
 def test_leak_check_finds_multi_hunk_held_out_tasks_deep_in_the_stream():
     """Two-bug multi-hunk tasks skip most problems of the held-out stream, so some lie beyond
-    its first 2n + 50 problems; the leak check widens its scan and still finds every task's
-    problem (it raised before). Agreement with a plain double loop is checked on one-bug
-    tasks above."""
+    its first 2n + 50 problems; the leak check reads each task's own hidden tests and
+    signature, so it needs no scan of the stream (it raised when it scanned). Agreement with
+    a plain double loop is checked on one-bug tasks above."""
     from labkit.env.tasks import synthetic_problems
     from labkit.experiments import ExperimentConfig, leaked_task_ids
     from labkit.experiments.paired import held_out_tasks

@@ -50,8 +50,20 @@ def passes_all(fn: Callable[..., Any], problem: SyntheticProblem) -> bool:
 
 def param_types(problem: SyntheticProblem) -> str:
     """The parameter annotations of the signature (names differ between spellings)."""
-    inside = problem.signature[problem.signature.index("(") + 1: problem.signature.rindex(")")]
+    return _annotations(problem.signature)
+
+
+def _annotations(signature: str) -> str:
+    inside = signature[signature.index("(") + 1: signature.rindex(")")]
     return ",".join(p.split(":", 1)[1].strip() if ":" in p else "" for p in inside.split(","))
+
+
+def _def_line(code: str, entry_point: str) -> str:
+    """The ``def`` line of ``entry_point`` in ``code`` (a synthetic task's signature)."""
+    for line in code.splitlines():
+        if line.lstrip().startswith(f"def {entry_point}("):
+            return line.strip()
+    raise ValueError(f"no `def {entry_point}(` line in the reference code")
 
 
 class ReferencePool:
@@ -65,6 +77,12 @@ class ReferencePool:
 
     def solves(self, problem: SyntheticProblem) -> bool:
         return any(passes_all(fn, problem) for fn in self.by_params[param_types(problem)])
+
+    def solves_task(self, task) -> bool:
+        """:meth:`solves` for a synthetic :class:`~labkit.env.records.RepairTask`: its hidden
+        tests are its problem's, its signature the reference's ``def`` line."""
+        types = _annotations(_def_line(task.reference_code, task.entry_point))
+        return any(passes_all(fn, task) for fn in self.by_params[types])
 
 
 def overlap_report(train: Sequence[SyntheticProblem], held: Sequence[SyntheticProblem],

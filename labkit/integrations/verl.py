@@ -29,10 +29,10 @@ docs/scale_out.md); nothing else in labkit imports this module.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -76,16 +76,11 @@ def write_parquet(tasks: Sequence[RepairTask], path: str | Path, **kwargs) -> Pa
     return path
 
 
-_REWARDS: dict[tuple[str, str], Any] = {}
-
-
-def _reward(feedback: str, recipe: str):
+@functools.lru_cache(maxsize=None)
+def _reward(feedback: str, recipe: str) -> SandboxScorer:
     """One :class:`~labkit.integrations.scoring.SandboxScorer` per (regime, recipe) and
     process (verl's reward workers are separate processes; each keeps its own sandbox)."""
-    key = (feedback, recipe)
-    if key not in _REWARDS:
-        _REWARDS[key] = SandboxScorer(feedback=feedback, recipe_name=recipe)
-    return _REWARDS[key]
+    return SandboxScorer(feedback=feedback, recipe_name=recipe)
 
 
 def _task(extra_info: dict | None, ground_truth: str) -> dict:
