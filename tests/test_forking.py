@@ -1,6 +1,7 @@
 """Counterfactual forking: positions, proposals, prefix-cache reuse against a naive
 re-encoding, lineage, and edit-level counterfactuals on hand-built diffs."""
 
+import dataclasses
 import math
 
 import pytest
@@ -293,6 +294,42 @@ def test_forks_reuse_prefix_cache_and_match_naive_greedy(policy, sampled):
                               torch.tensor(good.forks[0].rollout.logprobs), atol=1e-4)
     with pytest.raises(ValueError, match="holds no"):
         fk.continue_forks(policy, rs, late, cfg, kv=[KVRow(k.cache, k.row, -1) for k in kv])
+
+
+@pytest.mark.parametrize("stop", [(), ("e",)])
+def test_lean_fork_decode_equals_generate(policy, sampled, stop):
+    """The lean continuation loop and transformers' ``generate`` give the same greedy forks:
+    the same tokens (per-row budgets, EOS and stop strings included) and log-probs, from the
+    kept cache and from re-encoding. A stop string that occurs makes the check bite: the
+    forks then end early, and both engines must end them at the same token."""
+    rs, kv = sampled
+    tok = policy.tokenizer
+    positions = _positions(rs)
+    runs = {}
+    for engine in ("lean", "generate"):
+        cfg = fk.ForkConfig.from_sampling(SAMPLING, greedy=True, batch_size=4, engine=engine,
+                                          stop_strings=stop)
+        props = fk.propose_alternatives(policy.baseline(), rs, positions, cfg, tok.pad_token_id)
+        runs[engine] = [fk.continue_forks(policy, rs, props, cfg, kv=k) for k in (kv, None)]
+    for lean_batch, gen_batch in zip(runs["lean"], runs["generate"]):
+        assert [f.rollout.completion_ids for f in lean_batch.forks] == \
+               [f.rollout.completion_ids for f in gen_batch.forks]
+        for a, b in zip(lean_batch.forks, gen_batch.forks):
+            assert torch.allclose(torch.tensor(a.rollout.logprobs), torch.tensor(b.rollout.logprobs),
+                                  atol=1e-4)
+        assert lean_batch.stats.generated_tokens == gen_batch.stats.generated_tokens
+    lengths = [len(f.rollout.completion_ids) for f in runs["lean"][0].forks]
+    full = [f.t + 1 + max(SAMPLING.max_new_tokens - f.t - 1, 0) for f in runs["lean"][0].forks]
+    if stop:  # some forks stopped at the stop string, before their budget
+        assert any(n < m for n, m in zip(lengths, full))
+        for f in runs["lean"][0].forks:
+            text = tok.decode(f.rollout.completion_ids[f.t + 1:-1], skip_special_tokens=False)
+            assert "e" not in text
+    assert fk.ForkConfig.from_sampling(SAMPLING).engine == "lean"
+    assert fk.ForkConfig.from_sampling(dataclasses.replace(SAMPLING, engine="generate")).engine == \
+        "generate"
+    with pytest.raises(ValueError, match="engine"):
+        fk.ForkConfig(engine="vllm").validate()
 
 
 def test_fork_lineage_and_records(policy, sampled):

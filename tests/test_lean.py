@@ -129,3 +129,37 @@ def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir):
     for a, b in zip(runs["lean"], runs["loop"]):
         assert a.completion_ids == b.completion_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_lean_step_shares_a_prefix_between_rows(make):
+    """Rows that share a prefill row (uneven counts, interleaved) read its keys in place and
+    get the logits of ``model(...)`` on the cache expanded to the rows; the cache handed
+    back is that expanded cache."""
+    model = make()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 90, (2, 7), generator=g)
+    att = torch.ones_like(ids)
+    att[1, :3] = 0
+    rows = torch.tensor([1, 0, 1, 1, 0])
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    shared, expanded = (DynamicCache(config=lean.causal_lm(model).config) for _ in range(2))
+    with torch.no_grad():
+        for c in (shared, expanded):
+            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+    expanded.reorder_cache(rows)
+    step = lean.LeanStep(model, shared, att, capacity=4, rows=rows)
+    assert step.r == 3 and step.Kp[0] is shared.layers[0].keys  # read in place, not copied
+    a, p = att[rows], pos[rows][:, -1:] + 1
+    for _ in range(4):
+        y = torch.randint(3, 90, (5,), generator=g)
+        got = step(y, p)
+        a = torch.cat([a, a.new_ones(5, 1)], 1)
+        with torch.no_grad():
+            want = model(input_ids=y[:, None], attention_mask=a, position_ids=p, cache=expanded,
+                         use_cache=True).logits[:, -1]
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+        p = p + 1
+    for mine, theirs in zip(step.to_cache().layers, expanded.layers):
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
+        assert torch.allclose(mine.values, theirs.values, atol=1e-5)

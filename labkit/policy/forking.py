@@ -16,9 +16,11 @@ Cost. A fork shares ``x y_<t`` with its parent, whose keys and values already ex
 sampling (:func:`labkit.policy.rollout.sample_with_cache`) or from one batched forward over
 the factual sequences (:func:`factual_cache`). So a fork's prefill is one position (``y_{t-1}``
 again, for ``pi``'s logits at ``t``) instead of ``|x| + t``, and all forks of a batch decode
-together in one ``generate`` call whose cache is cut out of the parents' rows and
-left-padded to a common width (:func:`gather_prefix`) into a static cache (allocated once
-per batch, so a decode step writes one column instead of concatenating the cache anew).
+together, from a cache cut out of the parents' rows: with the lean engine (the default) each
+distinct prompt's keys and values once, read in place by all its forks, plus each fork's own
+completion columns; with ``engine="generate"`` one ``generate`` call on the prefixes
+left-padded to a common width (:func:`gather_prefix`) in a static cache (allocated once per
+batch, so a decode step writes one column instead of concatenating the cache anew).
 :func:`continue_forks` with ``kv=None`` re-encodes every prefix instead: the naive reference
 that tests and ``labkit.bench.fork`` compare against. ``docs/forking.md`` has the numbers.
 
@@ -36,6 +38,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +46,8 @@ import torch.nn.functional as F
 from labkit.env.edits import (Hunk, hunk_char_span, revert_hunks, rollout_hunks,  # noqa: F401
                                split_hunks)
 from labkit.registry import Registry
-from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, make_rollout, nucleus,
+from labkit.policy import lean
+from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, draw, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
 from labkit.seeding import derive_seed
 
@@ -71,16 +75,29 @@ class ForkConfig:
     seed: int = 0
     """Seeds the baseline's choice of alternatives and the continuations' sampling.
     :meth:`from_sampling` copies the parents' seed unless overridden."""
+    engine: Literal["lean", "generate"] = "lean"
+    """How the continuations decode: ``lean``, labkit's loop over
+    :class:`~labkit.policy.lean.LeanStep` (one token per row per step from the model's own
+    modules; Llama-family models, others fall back to ``generate``); ``generate``,
+    transformers' ``model.generate`` on a static cache. The same distribution, the same
+    tokens under ``greedy`` (tested); ``lean`` skips generate's per-token processors,
+    stopping criteria and cache bookkeeping, and with a kept cache stores each prompt once
+    for all the forks of it (:func:`continue_forks`)."""
 
     @classmethod
     def from_sampling(cls, sampling: SamplingConfig, **overrides) -> ForkConfig:
-        """The fork settings matching how the parents were sampled."""
+        """The fork settings matching how the parents were sampled (``engine``: the
+        parents' ``generate`` stays ``generate``, ``lean`` and ``loop`` decode ``lean``)."""
         shared = ("temperature", "top_p", "max_new_tokens", "stop_strings", "batch_size", "seed")
-        return cls(**{name: getattr(sampling, name) for name in shared} | overrides)
+        engine = "generate" if sampling.engine == "generate" else "lean"
+        return cls(**{name: getattr(sampling, name) for name in shared} | {"engine": engine}
+                   | overrides)
 
     def validate(self) -> None:
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise ValueError("temperature must be > 0 and top_p in (0, 1] (greedy=True for argmax)")
+        if self.engine not in ("lean", "generate"):
+            raise ValueError(f"engine must be 'lean' or 'generate', got {self.engine!r}")
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("max_new_tokens and batch_size must be >= 1")
 
@@ -347,30 +364,35 @@ def _full_attention_layers(cache) -> list:
     return cache.layers
 
 
-def gather_prefix(rows: Sequence[KVRow], lengths: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the keys and values of the first ``lengths[j]`` tokens of ``rows[j]``,
-    right-aligned in one batch (``[F, H_kv, W, D]``, ``W = max L``):
+def gather_prefix(rows: Sequence[KVRow], lengths: Sequence[int], starts: Sequence[int] | None = None
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values of ``lengths[j]`` tokens of ``rows[j]`` from its token
+    ``starts[j]`` (default 0: the first ones), right-aligned in one batch
+    (``[F, H_kv, W, D]``, ``W = max L``):
 
-        out[j, :, W - L_j + c] = src_j[row_j, :, offset_j + c],   0 <= c < L_j,
+        out[j, :, W - L_j + c] = src_j[row_j, :, offset_j + start_j + c],   0 <= c < L_j,
 
     zeros left of ``W - L_j`` (padding, hidden by the attention mask). A copy: the parents'
     caches are left as they are. One slice copy per fork and layer (faster on CPU than one
     advanced-indexing gather, which materialises an index per element).
     """
     width = max(lengths)
+    starts = [0] * len(rows) if starts is None else starts
     sources = [_full_attention_layers(r.cache) for r in rows]
-    for r, n, layers in zip(rows, lengths, sources):
-        if r.offset < 0 or r.offset + n > layers[0].keys.shape[2]:
+    for r, n, a, layers in zip(rows, lengths, starts, sources):
+        if r.offset < 0 or a < 0 or r.offset + a + n > layers[0].keys.shape[2]:
             raise ValueError(f"row {r.row} of a {layers[0].keys.shape[2]}-column cache holds no "
-                             f"{n} tokens from column {r.offset}")
+                             f"{n} tokens from column {r.offset + a}")
     out = []
     for i, layer in enumerate(sources[0]):
         k_out = layer.keys.new_zeros((len(rows), layer.keys.shape[1], width, layer.keys.shape[-1]))
         v_out = layer.values.new_zeros((len(rows), layer.values.shape[1], width,
                                         layer.values.shape[-1]))  # [F, H_kv, W, D]
-        for j, (r, n) in enumerate(zip(rows, lengths)):
-            k_out[j, :, width - n:] = sources[j][i].keys[r.row, :, r.offset:r.offset + n]
-            v_out[j, :, width - n:] = sources[j][i].values[r.row, :, r.offset:r.offset + n]
+        for j, (r, n, a) in enumerate(zip(rows, lengths, starts)):
+            if n:
+                c = r.offset + a
+                k_out[j, :, width - n:] = sources[j][i].keys[r.row, :, c:c + n]
+                v_out[j, :, width - n:] = sources[j][i].values[r.row, :, c:c + n]
         out.append((k_out, v_out))
     return out
 
@@ -481,6 +503,83 @@ class _RowBudget:
         return (input_ids.shape[1] - self.start) >= self.budget  # [F]
 
 
+def _shared_prompt_step(model, parents: Sequence[Rollout], props: Sequence[Proposal],
+                        rows: Sequence[KVRow], capacity: int) -> lean.LeanStep:
+    """A :class:`~labkit.policy.lean.LeanStep` over the forks' kept caches: the shared part
+    is each distinct prompt but its last token (``|x| - 1`` columns, once per prompt, from
+    one of its parents), a fork's own part its ``t`` tokens ``x_{-1} y_<t-1`` (so that
+    feeding ``y_{t-1}`` next gives ``pi``'s logits at ``t``); both right-aligned."""
+    first: dict[tuple, int] = {}
+    shared_rows, shared_len, which = [], [], []
+    for row, parent in zip(rows, parents):
+        key = tuple(parent.prompt_ids)
+        if key not in first:
+            first[key] = len(shared_rows)
+            shared_rows.append(row)
+            shared_len.append(len(parent.prompt_ids) - 1)
+        which.append(first[key])
+    dev = rows[0].cache.layers[0].keys.device
+    shared = gather_prefix(shared_rows, shared_len)
+    own_len = [p.t for p in props]
+    own = gather_prefix(rows, own_len, starts=[len(r.prompt_ids) - 1 for r in parents])
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lean.causal_lm(model).config)
+    for i, (k, v) in enumerate(shared):
+        cache.update(k, v, i)
+    return lean.LeanStep(model, cache, _right_aligned(shared_len, dev), capacity,
+                         rows=torch.tensor(which, device=dev), suffix=own,
+                         suffix_mask=_right_aligned(own_len, dev))
+
+
+def _right_aligned(lengths: Sequence[int], device) -> torch.Tensor:
+    """``[n, max L]`` mask of right-aligned rows of ``lengths`` (1 = a token, 0 = padding)."""
+    width = max(lengths)
+    cols = torch.arange(width, device=device)[None]
+    return (cols >= width - torch.tensor(lengths, device=device)[:, None]).long()
+
+
+def _lean_continue(step: lean.LeanStep, pos: torch.Tensor, alt: torch.Tensor,
+                   budget: Sequence[int], config: ForkConfig, eos_ids: set[int], pad_id: int,
+                   tok, pieces: dict[int, str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``continue_forks``' decode on a :class:`~labkit.policy.lean.LeanStep`: feed ``a`` at
+    ``pos`` ``[F, 1]``, then draw ``y'_s ~ pi(. | x, y_<t, a, y'_<s)`` (argmax under
+    ``config.greedy``) until row ``j`` has ``budget[j]`` tokens, an EOS or a stop string;
+    finished rows receive ``pad_id`` (as ``generate`` pads them). Returns ``(tokens [F, T'],
+    log softmax(z / T) of each [F, T'])``."""
+    n = max(budget)
+    eos = torch.tensor(sorted(eos_ids), device=alt.device)
+    left = torch.tensor(budget, device=alt.device)  # [F] tokens each row may still write
+    alive = (left > 0) & ~torch.isin(alt, eos)
+    stops = tuple(config.stop_strings)
+
+    def piece(y: int) -> str:
+        if y not in pieces:
+            pieces[y] = tok.decode([y], skip_special_tokens=False)
+        return pieces[y]
+
+    texts = [piece(int(a)) for a in alt.tolist()] if stops else []
+    logits = step(alt, pos)
+    toks, lps = [], []
+    for s in range(n):
+        y, logp = draw(logits, config.temperature, config.top_p, greedy=config.greedy)
+        y = torch.where(alive, y, torch.full_like(y, pad_id))
+        toks.append(y)
+        lps.append(logp.gather(-1, y[:, None])[:, 0])
+        alive = alive & ~torch.isin(y, eos) & (left > s + 1)
+        if stops:
+            for i in alive.nonzero().flatten().tolist():
+                text = piece(int(y[i]))
+                texts[i] += text
+                if any(st in texts[i][-(len(st) + len(text)):] for st in stops):
+                    alive[i] = False
+        if not alive.any():
+            break
+        pos = pos + 1
+        logits = step(y, pos)
+    return torch.stack(toks, 1).cpu(), torch.stack(lps, 1).cpu()
+
+
 @torch.no_grad()
 def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Proposal],
                    config: ForkConfig, *, kv: Mapping[int, KVRow] | Sequence[KVRow] | None
@@ -497,10 +596,17 @@ def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Prop
       of the ``[F, 1]`` tokens ``y_{t-1}`` completes it and yields ``pi``'s logits at ``t``;
     * ``kv=None``: every prefix is re-encoded by one ``[F, W]`` forward (the naive reference).
 
+    With ``config.engine == "lean"`` and ``kv`` given, the prompt part of the cache is not
+    copied to every fork: each distinct prompt's keys and values are kept once and read once
+    per decode step for all its forks (:class:`~labkit.policy.lean.LeanStep` ``rows``), a fork's
+    own columns are only its ``t`` completion tokens, and ``y_{t-1}`` goes through the lean
+    step too. Forks of a batch share few prompts (8 tasks x 2 parents in the bench), so the
+    per-step memory traffic of attention drops by about that factor.
+
     ``generate`` then feeds only ``a``. Each fork may write ``config.max_new_tokens - t - 1``
     tokens; under ``config.greedy`` both ways give the same tokens.
     """
-    from transformers import StaticCache, StoppingCriteriaList
+    from transformers import DynamicCache, StaticCache, StoppingCriteriaList
 
     config.validate()
     if any(abs(rollouts[p.parent].temperature - config.temperature) > 1e-9 for p in proposals):
@@ -516,6 +622,7 @@ def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Prop
     prefix_len = [len(rollouts[p.parent].prompt_ids) + p.t for p in proposals]
     order = sorted(range(len(proposals)), key=lambda j: (proposals[j].t, prefix_len[j], j))
     forks: list[Fork | None] = [None] * len(proposals)
+    pieces: dict[int, str] = {}  # token id -> its text, for the lean loop's stop strings
     for c0 in range(0, len(order), config.batch_size):
         chunk = order[c0:c0 + config.batch_size]
         props = [proposals[j] for j in chunk]
@@ -527,23 +634,39 @@ def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Prop
         budget = [max(config.max_new_tokens - p.t - 1, 0) for p in props]
         stats.prefix_positions += sum(lengths)
 
-        # ---- prefill: a cache of x y_<t and pi's logits at t. The cache is static (its
-        # columns allocated for the whole decode), so decoding writes one column a step
-        # instead of concatenating the whole cache anew.
+        # ---- prefill: a cache of x y_<t and pi's logits at t. For ``generate`` the cache is
+        # static (its columns allocated for the whole decode), so decoding writes one column a
+        # step instead of concatenating the whole cache anew; the lean step copies a dynamic
+        # one into its own buffer of the same kind.
         t0 = time.perf_counter()
-        cache = StaticCache(config=model.config, max_cache_len=width + max(budget) + 1)
-        if kv is not None:
-            prefix = gather_prefix([kv[p.parent] for p in props], [n - 1 for n in lengths])
-            for layer, (k, v) in zip(cache.layers, prefix):
-                layer.update(k, v)
-            out = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
-                        cache=cache, use_cache=True, logits_to_keep=1)
+        use_lean = (config.engine == "lean"
+                    and lean.supports(model, width + max(budget) + 1) is None)
+        step = None
+        if use_lean and kv is not None:
+            # the forks of one prompt share its keys and values (read once per decode step);
+            # each fork's own columns are its tokens between the prompt and y_{t-1}
+            step = _shared_prompt_step(model, parents, props, [kv[p.parent] for p in props],
+                                       capacity=max(budget) + 1)
+            z_logits = step(ids[:, -1], pos[:, -1:])  # y_{t-1} -> pi's logits at t
             stats.recomputed_positions += len(chunk)
         else:
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                        use_cache=True, logits_to_keep=1)
-            stats.recomputed_positions += sum(lengths)
-        logp_t = torch.log_softmax(out.logits[:, -1].float() / config.temperature, dim=-1)  # [F, V]
+            cache = (DynamicCache(config=model.config) if use_lean else
+                     StaticCache(config=model.config, max_cache_len=width + max(budget) + 1))
+            if kv is not None:
+                prefix = gather_prefix([kv[p.parent] for p in props], [n - 1 for n in lengths])
+                for layer, (k, v) in zip(cache.layers, prefix):
+                    layer.update(k, v)
+                out = model(input_ids=ids[:, -1:], attention_mask=mask, position_ids=pos[:, -1:],
+                            cache=cache, use_cache=True, logits_to_keep=1)
+                stats.recomputed_positions += len(chunk)
+            else:
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                            use_cache=True, logits_to_keep=1)
+                stats.recomputed_positions += sum(lengths)
+            z_logits = out.logits[:, -1]
+            if use_lean:
+                step = lean.LeanStep(model, cache, mask, capacity=max(budget) + 1)
+        logp_t = torch.log_softmax(z_logits.float() / config.temperature, dim=-1)  # [F, V]
         stats.prefill_s += time.perf_counter() - t0
 
         # ---- decode: a, then the continuation
@@ -551,7 +674,10 @@ def continue_forks(policy, rollouts: Sequence[Rollout], proposals: Sequence[Prop
         alt = torch.tensor([p.alt for p in props], device=policy.device)  # [F]
         new = torch.empty((len(chunk), 0), dtype=torch.long)  # [F, T']
         new_logp = torch.empty((len(chunk), 0))  # [F, T']
-        if max(budget) > 0:
+        if max(budget) > 0 and step is not None:
+            new, new_logp = _lean_continue(step, pos[:, -1:] + 1, alt, budget, config, eos_ids,
+                                           pad_id, tok, pieces)
+        elif max(budget) > 0:
             sampling = ({"do_sample": False} if config.greedy else
                         {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p})
             gen = model.generate(

@@ -5,7 +5,8 @@ Sampling a small model is dominated by per-call overhead, not arithmetic: one
 cache bookkeeping and output dataclasses that cost more than the matrix products of a
 few-million-parameter model. :class:`LeanStep` computes the same function with the
 model's own modules (its embedding, norms, projections, MLPs and rotary embedding, so LoRA
-layers and rope variants are whatever the model has) and a key/value buffer allocated once:
+layers and rope variants are whatever the model has) and key/value buffers allocated once (a prompt's prefix is stored and read once for all the
+rows that share it, see :class:`LeanStep`):
 
     x      = E[y]                                           (embedding of the new token)
     for each layer l:
@@ -13,7 +14,8 @@ layers and rope variants are whatever the model has) and a key/value buffer allo
         q, k, v = W_q h (+b), W_k h (+b), W_v h (+b)          (per head)
         q, k   = rope(q, pos), rope(k, pos)                  (cos/sin table of the buffer)
         K_l[:, :, L], V_l[:, :, L] = k, v                    (write one column)
-        x      = x + W_o softmax(q K_l^T * s + mask) V_l       (GQA: K, V shared by groups)
+        x      = x + W_o softmax(q K_l^T * s + mask) V_l       (GQA: K, V shared by groups;
+                                                             the prompt's part once per prompt)
         x      = x + MLP_l(RMSNorm'_l(x))
     logits = W_lm RMSNorm(x)
 
@@ -59,70 +61,150 @@ def supports(model, max_len: int | None = None) -> str | None:
 
 
 class LeanStep:
-    """One new token per row per call, against a key/value buffer of ``capacity`` columns.
+    """One new token per row per call, attending a shared prefix and its own suffix.
 
-    ``cache`` is the prefill's transformers cache (``[b, H_kv, P, D]`` per layer, left
-    padded as ``attention_mask`` says); the buffer copies it. ``__call__(y, pos)`` appends
-    token ``y`` ``[b]`` at positions ``pos`` ``[b, 1]`` and returns the logits ``[b, V]``
-    of the next token. :meth:`to_cache` hands back a ``DynamicCache`` of the columns so far.
+    ``cache`` is the prefill's transformers cache (``[u, H_kv, P, D]`` per layer, left padded
+    as ``attention_mask`` ``[u, P]`` says). ``rows`` ``[b]`` names each decoded row's prefill
+    row (a GRPO chunk's G copies of a prompt name one; ``None``: row ``i`` is prefill row
+    ``i``). The prefix keys and values are used in place, once per distinct row, and each
+    row writes its new tokens into its own suffix buffer of ``capacity`` columns. Attention
+    is the same softmax over ``[prefix, suffix]``, computed as two products:
+
+        s_p = q K_p[rows]^T s + mask_p,  s_s = q K_s^T s + mask_s,  m = max(s_p, s_s)
+        o   = (exp(s_p - m) V_p[rows] + exp(s_s - m) V_s) / (sum exp(s_p - m) + sum exp(s_s - m))
+
+    where ``q K_p[rows]^T`` is one matrix product per distinct prefix over all the rows that
+    share it (queries grouped by prefix, as grouped-query attention groups heads), so the
+    prefix's keys are read once per step instead of once per row: at a GRPO batch (16
+    prompts of ~250 tokens, 128 rows) that is most of a decode step's memory traffic.
+
+    A row's suffix may start with columns of its own (``suffix``, left padded as
+    ``suffix_mask`` says): a fork's tokens between the shared prompt and its fork point.
+
+    ``__call__(y, pos)`` appends token ``y`` ``[b]`` at positions ``pos`` ``[b, 1]`` and
+    returns the logits ``[b, V]`` of the next token. :meth:`to_cache` hands back a per-row
+    ``DynamicCache`` of every column so far (the prefix expanded to the rows; with a padded
+    ``suffix`` its padding columns stay in place, so that cache is for inspection only).
     """
 
-    def __init__(self, model, cache, attention_mask: torch.Tensor, capacity: int):
+    def __init__(self, model, cache, attention_mask: torch.Tensor, capacity: int,
+                 rows: torch.Tensor | None = None, suffix=None,
+                 suffix_mask: torch.Tensor | None = None):
         lm = causal_lm(model)
         self.lm, self.inner = lm, lm.model
         self.layers = list(self.inner.layers)
         k0 = cache.layers[0].keys
-        b, h_kv, P, d = k0.shape
-        self.L = P
-        self.K = [k0.new_zeros(b, h_kv, P + capacity, d) for _ in self.layers]
-        self.V = [k0.new_zeros(b, h_kv, P + capacity, d) for _ in self.layers]
-        for i, layer in enumerate(cache.layers):
-            self.K[i][:, :, :P] = layer.keys
-            self.V[i][:, :, :P] = layer.values
-        # additive mask: 0 where a column is attended, -inf on the prompts' left padding
-        self.bias = k0.new_zeros(b, 1, 1, P + capacity)
-        self.bias[:, 0, 0, :P].masked_fill_(~attention_mask.bool(), float("-inf"))
+        u, h_kv, P, d = k0.shape
+        dev = k0.device
+        rows = torch.arange(u, device=dev) if rows is None else rows.to(dev)
+        b = rows.numel()
+        self.P, self.S, self.rows = P, 0, rows
+        self.Kp = [layer.keys for layer in cache.layers]  # [u, H_kv, P, D], not copied
+        self.Vp = [layer.values for layer in cache.layers]
+        # suffixes: the rows' own columns (``suffix``: per layer ``[b, H_kv, S0, D]`` already
+        # there, left padded as ``suffix_mask`` ``[b, S0]`` says), then ``capacity`` new ones
+        s0 = 0 if suffix is None else suffix[0][0].shape[2]
+        self.K = [k0.new_zeros(b, h_kv, s0 + capacity, d) for _ in self.layers]
+        self.V = [k0.new_zeros(b, h_kv, s0 + capacity, d) for _ in self.layers]
+        self.bias_s = None
+        if suffix is not None:
+            for i, (k, v) in enumerate(suffix):
+                self.K[i][:, :, :s0], self.V[i][:, :, :s0] = k, v
+            self.S = s0
+            self.bias_s = k0.new_zeros(b, 1, 1, s0 + capacity)
+            self.bias_s[:, 0, 0, :s0].masked_fill_(~suffix_mask.bool(), float("-inf"))
+        # additive mask of the prefix: 0 where a column is attended, -inf on left padding
+        self.bias = k0.new_zeros(u, 1, 1, P).masked_fill_(~attention_mask.bool()[:, None, None],
+                                                          float("-inf"))
+        self._scores = None  # the prefix's scores, [u, H_kv, r g, P], kept across steps
+        # the query grouping: row i sits in slot (rows[i], j) of a [u, r] grid, j its rank
+        # among the rows sharing its prefix; r = the most rows any prefix has
+        counts = torch.bincount(rows, minlength=u)
+        self.r = int(counts.max())
+        rank = torch.zeros_like(rows)
+        for p_ in torch.unique(rows).tolist():
+            at = (rows == p_).nonzero().flatten()
+            rank[at] = torch.arange(at.numel(), device=dev)
+        self.slot = rows * self.r + rank  # [b]
         # cos/sin of every position the buffer can hold, from the model's rotary module
         # (its rope variant and scaling), looked up per step instead of recomputed
         cos, sin = self.inner.rotary_emb(k0.new_zeros(1, 1, d),
-                                         torch.arange(P + capacity, device=k0.device)[None])
-        self.cos, self.sin = cos[0], sin[0]  # [P + capacity, D]
+                                         torch.arange(P + s0 + capacity, device=dev)[None])
+        self.cos, self.sin = cos[0], sin[0]  # [P + S0 + capacity, D]
         a = self.layers[0].self_attn
         self.head_dim, self.scaling = a.head_dim, a.scaling
-        self.kv_heads = h_kv
+        self.kv_heads, self.u = h_kv, u
         self.qkv = [_qkv(layer.self_attn) for layer in self.layers]
         self.mlp = [_mlp(layer.mlp) for layer in self.layers]
 
+    def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows ``[b, H_kv, g, ...]`` -> per prefix ``[u, H_kv, r g, ...]`` (empty slots 0).
+        Only for small per-row tensors (queries, maxima): the prefix-sized ones stay in the
+        grid layout."""
+        _, h, g, *rest = x.shape
+        grid = x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
+        return grid.view(self.u, self.r, h, g, *rest).transpose(1, 2).reshape(
+            self.u, h, self.r * g, *rest)
+
+    def _to_rows(self, x: torch.Tensor, g: int) -> torch.Tensor:
+        """Inverse of :meth:`_to_grid`: ``[u, H_kv, r g, ...]`` -> ``[b, H_kv, g, ...]``."""
+        u, h, _, *rest = x.shape
+        grid = x.view(u, h, self.r, g, *rest).transpose(1, 2).reshape(u * self.r, h, g, *rest)
+        return grid.index_select(0, self.slot)
+
+    def _attend(self, i: int, q: torch.Tensor) -> torch.Tensor:
+        """``softmax([q K_p^T s + mask_p, q K_s^T s + mask_s]) [V_p; V_s]`` for ``q``
+        ``[b, H_kv, g, D]``, the two parts normalised together (one maximum ``m`` and one
+        sum ``l`` over both). The prefix's scores are computed in a buffer kept across steps
+        and layers (``[u, H_kv, r g, P]``): a fresh prefix-sized tensor per layer and step
+        costs more in page faults than its arithmetic on CPU."""
+        S, g = self.S, q.shape[2]
+        if self._scores is None or self._scores.shape[2] != self.r * g:
+            self._scores = q.new_empty(self.u, self.kv_heads, self.r * g, self.P)
+        s_p = torch.matmul(self._to_grid(q), self.Kp[i].transpose(-1, -2), out=self._scores)
+        s_p.mul_(self.scaling).add_(self.bias)  # [u, H_kv, r g, P]
+        s_s = torch.matmul(q, self.K[i][:, :, :S + 1].transpose(-1, -2)).mul_(self.scaling)
+        if self.bias_s is not None:
+            s_s.add_(self.bias_s[..., :S + 1])  # [b, H_kv, g, S+1]
+        m = torch.maximum(self._to_rows(s_p.amax(-1, keepdim=True), g),
+                          s_s.amax(-1, keepdim=True))  # [b, H_kv, g, 1]
+        e_p = s_p.sub_(self._to_grid(m)).exp_()
+        e_s = s_s.sub_(m).exp_()
+        total = self._to_rows(e_p.sum(-1, keepdim=True), g) + e_s.sum(-1, keepdim=True)
+        o = (self._to_rows(torch.matmul(e_p, self.Vp[i]), g)
+             + torch.matmul(e_s, self.V[i][:, :, :S + 1]))  # [b, H_kv, g, D]
+        return o / total
+
     @torch.no_grad()
     def __call__(self, y: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        L = self.L
-        if L >= self.K[0].shape[2]:
-            raise RuntimeError(f"lean decode buffer full ({L} columns); raise its capacity")
+        S = self.S
+        if S >= self.K[0].shape[2]:
+            raise RuntimeError(f"lean decode buffer full ({S} columns); raise its capacity")
         x = self.inner.embed_tokens(y)  # [b, H]
         b, d, h_kv = x.shape[0], self.head_dim, self.kv_heads
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [b, 1, D]
-        bias = self.bias[..., :L + 1]  # [b, 1, 1, L+1]
         for i, (layer, qkv, mlp) in enumerate(zip(self.layers, self.qkv, self.mlp)):
             q, k, v = qkv(_rms(layer.input_layernorm, x))
-            q = _rope(q.view(b, -1, d), cos, sin)  # [b, H, D]
-            self.K[i][:, :, L] = _rope(k.view(b, -1, d), cos, sin)  # [b, H_kv, D]
-            self.V[i][:, :, L] = v.view(b, -1, d)
             # one query per row: heads grouped by their key/value head (GQA without copies)
-            scores = torch.matmul(q.view(b, h_kv, -1, d), self.K[i][:, :, :L + 1].transpose(-1, -2))
-            w = torch.softmax(scores * self.scaling + bias, dim=-1)  # [b, H_kv, H/H_kv, L+1]
-            o = torch.matmul(w, self.V[i][:, :, :L + 1])  # [b, H_kv, H/H_kv, D]
+            q = _rope(q.view(b, -1, d), cos, sin).view(b, h_kv, -1, d)  # [b, H_kv, g, D]
+            self.K[i][:, :, S] = _rope(k.view(b, -1, d), cos, sin)  # [b, H_kv, D]
+            self.V[i][:, :, S] = v.view(b, -1, d)
+            o = self._attend(i, q)
             x = x + layer.self_attn.o_proj(o.reshape(b, -1))
             x = x + mlp(_rms(layer.post_attention_layernorm, x))
-        self.L = L + 1
+        self.S = S + 1
         return self.lm.lm_head(_rms(self.inner.norm, x))
 
     def to_cache(self):
-        """The columns written so far as a transformers ``DynamicCache`` (views, no copy)."""
+        """Every column so far, per row, as a transformers ``DynamicCache``: the prefix
+        expanded to the rows, then the suffix (a copy)."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.lm.config)
         for i in range(len(self.layers)):
-            cache.update(self.K[i][:, :, :self.L], self.V[i][:, :, :self.L], i)
+            keys = torch.cat([self.Kp[i][self.rows], self.K[i][:, :, :self.S]], dim=2)
+            values = torch.cat([self.Vp[i][self.rows], self.V[i][:, :, :self.S]], dim=2)
+            cache.update(keys, values, i)
         return cache
 
 

@@ -182,7 +182,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: SamplingConfig,
-           eos_ids: set[int], pad_id: int, tokenizer=None):
+           eos_ids: set[int], pad_id: int, tokenizer=None, want_cache: bool = True):
     """Ancestral sampling with a KV cache: ``y_t ~ softmax(z_t / T)`` restricted to the top-p
     nucleus and renormalised; records ``log softmax(z_t / T)[y_t]`` (unrestricted, the
     behaviour log-prob the update's importance ratio uses).
@@ -197,7 +197,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     stopping-criteria and cache-bookkeeping layers.
 
     Returns ``(new [b, T], logp [b, T], cache)``; the cache holds every token but the last
-    sampled one (the :class:`KVRow` contract).
+    sampled one (the :class:`KVRow` contract); ``want_cache=False``: the lean engine does not
+    build it (``None``; its prompts' keys are shared by their rows, and a per-row cache is a
+    copy).
     """
     from transformers import DynamicCache
 
@@ -212,22 +214,20 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     first, inv = _distinct_rows(input_ids, attn)
     logits = model(input_ids=input_ids[first], attention_mask=attn[first], position_ids=pos[first],
                    cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [u, V]
-    if len(first) < b:
-        logits = logits[inv]  # [b, V]
-        cache.reorder_cache(inv)
     step = None
     if cfg.engine == "lean" and lean.supports(model, input_ids.shape[1] + cfg.max_new_tokens) is None:
-        step = lean.LeanStep(model, cache, attn, capacity=cfg.max_new_tokens)
+        # the rows share their prompt's keys and values in place (read once per prompt)
+        step = lean.LeanStep(model, cache, attn[first], capacity=cfg.max_new_tokens, rows=inv)
+    elif len(first) < b:
+        cache.reorder_cache(inv)
+    if len(first) < b:
+        logits = logits[inv]  # [b, V]
     next_pos = pos[:, -1:] + 1  # [b, 1]
     alive = torch.ones(b, dtype=torch.bool, device=input_ids.device)
     toks, lps = [], []
     texts = [""] * b
     for t in range(cfg.max_new_tokens):
-        scores = logits.float() / cfg.temperature  # [b, V]
-        logp = torch.log_softmax(scores, dim=-1)
-        if cfg.top_p < 1.0:
-            scores = scores.masked_fill(~nucleus(logp.exp(), cfg.top_p), float("-inf"))
-        y = _categorical(torch.softmax(scores, dim=-1))  # [b]
+        y, logp = draw(logits, cfg.temperature, cfg.top_p)  # [b], [b, V]
         y = torch.where(alive, y, torch.full_like(y, pad_id))
         toks.append(y)
         lps.append(logp.gather(-1, y[:, None]).squeeze(1))
@@ -246,7 +246,23 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
             logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
                            cache=cache, use_cache=True).logits[:, -1]
         next_pos = next_pos + 1
-    return torch.stack(toks, 1), torch.stack(lps, 1), (cache if step is None else step.to_cache())
+    if step is not None:
+        cache = step.to_cache() if want_cache else None
+    return torch.stack(toks, 1), torch.stack(lps, 1), cache
+
+
+def draw(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+         greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One next token per row from ``[b, V]`` logits: ``y ~ softmax(z / T)`` restricted to the
+    top-p nucleus and renormalised (``greedy``: ``argmax z``). Returns ``(y [b], log
+    softmax(z / T) [b, V])``, the unrestricted log-probs a rollout records."""
+    scores = logits.float() / temperature  # [b, V]
+    logp = torch.log_softmax(scores, dim=-1)
+    if greedy:
+        return scores.argmax(dim=-1), logp
+    if top_p < 1.0:
+        scores = scores.masked_fill(~nucleus(logp.exp(), top_p), float("-inf"))
+    return _categorical(torch.softmax(scores, dim=-1)), logp
 
 
 def _categorical(probs: torch.Tensor) -> torch.Tensor:
@@ -299,7 +315,7 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
         P = enc.input_ids.shape[1]
         if cfg.engine in ("lean", "loop"):
             new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
-                                        pad_id, tokenizer=tok)
+                                        pad_id, tokenizer=tok, want_cache=keep_cache)
         else:
             gen = model.generate(
                 **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
