@@ -29,3 +29,18 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
     assert out["flops"] > 0 and out["matmul_gflops"] > 0 and out["floor_s"] > 0
     assert out["ratio"] == pytest.approx(out["step_s"] / out["floor_s"], rel=0.02)
     assert out["decode_positions_incl_padding"] >= out["completion_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_fork_bench_runs_and_reports_its_bound():
+    p = subprocess.run([sys.executable, "-m", "labkit.bench", "fork", "--tasks", "2", "--group", "2",
+                        "--max-new-tokens", "12", "--repeats", "1", "--fork-batch", "4"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    # greedy forks: the kept cache (prompt shared, lean decode), the rebuilt one and naive
+    # re-encoding continue every fork with the same tokens
+    assert out["identical_fraction"] == 1.0 and out["rebuilt_identical_fraction"] == 1.0
+    assert out["forks"] > 0 and out["generated_tokens"] > 0
+    assert 0 < out["recomputed_positions_ratio"] < 1
+    assert 0 < out["decode_bound_ratio"] and out["reuse_decode_s"] > 0
