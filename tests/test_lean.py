@@ -163,3 +163,34 @@ def test_lean_step_shares_a_prefix_between_rows(make):
     for mine, theirs in zip(step.to_cache().layers, expanded.layers):
         assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
         assert torch.allclose(mine.values, theirs.values, atol=1e-5)
+
+
+def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, monkeypatch):
+    """Without a kept cache the lean decode stops computing rows that have ended; every row's
+    tokens and log-probs equal the decode that keeps all rows (with the cache kept)."""
+    from labkit.policy.loading import load_policy
+    from labkit.policy.rollout import decode, stop_token_ids
+
+    policy = load_policy(str(random_model_dir))
+    tok = policy.tokenizer
+    enc = tok(["def f(x):\n    return x\n", "x = 1\n"], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    ids, att = enc.input_ids.repeat_interleave(6, 0), enc.attention_mask.repeat_interleave(6, 0)
+    eos = set(stop_token_ids(policy.model, tok)) | {7, 11, 13}  # extra ends: rows end apart
+    kept = []
+    monkeypatch.setattr(lean.LeanStep, "keep", (lambda f: lambda self, idx: (kept.append(len(idx)),
+                                                                           f(self, idx)))(lean.LeanStep.keep))
+    runs = {}
+    for want in (False, True):
+        torch.manual_seed(5)
+        cfg = SamplingConfig(temperature=1.0, max_new_tokens=40, engine="lean")
+        runs[want] = decode(policy.model, ids, att, cfg, eos, tok.pad_token_id, want_cache=want)[:2]
+    assert kept and min(kept) < 12  # rows were dropped, only without the cache
+    toks = runs[False][0]
+    assert torch.equal(toks, runs[True][0])
+    # log-probs agree wherever a row is still writing (its end token included); after it,
+    # the positions are padding that no rollout keeps
+    ended = torch.isin(toks, torch.tensor(sorted(eos))).long().cumsum(1)
+    writing = (ended == 0) | ((ended == 1) & torch.isin(toks, torch.tensor(sorted(eos))))
+    assert (~writing).any()
+    assert torch.allclose(runs[False][1][writing], runs[True][1][writing], atol=1e-5)

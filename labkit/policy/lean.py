@@ -98,7 +98,7 @@ class LeanStep:
         dev = k0.device
         rows = torch.arange(u, device=dev) if rows is None else rows.to(dev)
         b = rows.numel()
-        self.P, self.S, self.rows = P, 0, rows
+        self.P, self.S = P, 0
         self.Kp = [layer.keys for layer in cache.layers]  # [u, H_kv, P, D], not copied
         self.Vp = [layer.values for layer in cache.layers]
         # suffixes: the rows' own columns (``suffix``: per layer ``[b, H_kv, S0, D]`` already
@@ -117,15 +117,8 @@ class LeanStep:
         self.bias = k0.new_zeros(u, 1, 1, P).masked_fill_(~attention_mask.bool()[:, None, None],
                                                           float("-inf"))
         self._scores = None  # the prefix's scores, [u, H_kv, r g, P], kept across steps
-        # the query grouping: row i sits in slot (rows[i], j) of a [u, r] grid, j its rank
-        # among the rows sharing its prefix; r = the most rows any prefix has
-        counts = torch.bincount(rows, minlength=u)
-        self.r = int(counts.max())
-        rank = torch.zeros_like(rows)
-        for p_ in torch.unique(rows).tolist():
-            at = (rows == p_).nonzero().flatten()
-            rank[at] = torch.arange(at.numel(), device=dev)
-        self.slot = rows * self.r + rank  # [b]
+        self.u = u
+        self._group(rows)
         # cos/sin of every position the buffer can hold, from the model's rotary module
         # (its rope variant and scaling), looked up per step instead of recomputed
         cos, sin = self.inner.rotary_emb(k0.new_zeros(1, 1, d),
@@ -133,9 +126,31 @@ class LeanStep:
         self.cos, self.sin = cos[0], sin[0]  # [P + S0 + capacity, D]
         a = self.layers[0].self_attn
         self.head_dim, self.scaling = a.head_dim, a.scaling
-        self.kv_heads, self.u = h_kv, u
+        self.kv_heads = h_kv
         self.qkv = [_qkv(layer.self_attn) for layer in self.layers]
         self.mlp = [_mlp(layer.mlp) for layer in self.layers]
+
+    def _group(self, rows: torch.Tensor) -> None:
+        """The query grouping: row ``i`` sits in slot ``(rows[i], j)`` of a ``[u, r]`` grid,
+        ``j`` its rank among the rows sharing its prefix, ``r`` the most rows any prefix has."""
+        self.rows = rows
+        self.r = int(torch.bincount(rows, minlength=self.u).max())
+        rank = torch.zeros_like(rows)
+        for p_ in torch.unique(rows).tolist():
+            at = (rows == p_).nonzero().flatten()
+            rank[at] = torch.arange(at.numel(), device=rows.device)
+        self.slot = rows * self.r + rank  # [b]
+        self._scores = None
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Go on with rows ``idx`` only (e.g. the ones that have not ended): their suffixes are
+        copied out, the shared prefixes stay. Later calls take and return those rows only;
+        :meth:`to_cache` then covers them only."""
+        self.K = [k.index_select(0, idx) for k in self.K]
+        self.V = [v.index_select(0, idx) for v in self.V]
+        if self.bias_s is not None:
+            self.bias_s = self.bias_s.index_select(0, idx)
+        self._group(self.rows.index_select(0, idx))
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
         """Rows ``[b, H_kv, g, ...]`` -> per prefix ``[u, H_kv, r g, ...]`` (empty slots 0).

@@ -30,6 +30,10 @@ from labkit.policy.prompts import build_prompt, extract_code
 
 
 ENGINES = ("lean", "loop", "generate")
+DROP_ENDED = 0.75
+"""The lean decode drops the rows that have ended once at most this share of the rows it
+still computes is alive (only when no cache is kept: :func:`sample`, not
+:func:`sample_with_cache`)."""
 
 
 @dataclass
@@ -199,7 +203,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     Returns ``(new [b, T], logp [b, T], cache)``; the cache holds every token but the last
     sampled one (the :class:`KVRow` contract); ``want_cache=False``: the lean engine does not
     build it (``None``; its prompts' keys are shared by their rows, and a per-row cache is a
-    copy).
+    copy), and stops computing rows that have ended once few enough are alive
+    (:data:`DROP_ENDED`).
     """
     from transformers import DynamicCache
 
@@ -224,6 +229,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
         logits = logits[inv]  # [b, V]
     next_pos = pos[:, -1:] + 1  # [b, 1]
     alive = torch.ones(b, dtype=torch.bool, device=input_ids.device)
+    live = torch.arange(b, device=input_ids.device)  # the rows the lean step still computes
     toks, lps = [], []
     texts = [""] * b
     for t in range(cfg.max_new_tokens):
@@ -239,7 +245,16 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
                     alive[i] = False
         if not alive.any() or t == cfg.max_new_tokens - 1:
             break
-        if step is not None:
+        if step is not None and not want_cache and int(alive.sum()) <= DROP_ENDED * len(live):
+            # rows that have ended leave the step (their cache is not wanted); the others'
+            # logits go back to their rows, so every draw sees [b, V] as before
+            keep = alive[live].nonzero().flatten()
+            step.keep(keep)
+            live = live[keep]
+        if step is not None and len(live) < b:
+            logits = logits.new_zeros(b, logits.shape[-1])
+            logits[live] = step(y[live], next_pos[live])
+        elif step is not None:
             logits = step(y, next_pos)
         else:
             attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
