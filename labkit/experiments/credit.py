@@ -9,7 +9,8 @@ rewards, same groups); a hunk's credit is the mean advantage over its tokens,
 ``c_h = mean_{u in tokens(h)} A[i, u]``. Agreement, pooled over all hunks of a data set:
 
 * Spearman's rank correlation ``rho(c, effect)`` (average ranks for ties), with a 95%
-  percentile bootstrap interval over hunks;
+  percentile bootstrap interval that resamples tasks (a task's hunks share its rollouts and
+  groups, so they are resampled together);
 * sign agreement: over hunks with ``effect != 0``, the fraction with
   ``sign(c_h) = sign(effect_h)`` (a credit of exactly 0 disagrees).
 
@@ -106,8 +107,8 @@ class Config:
     keeps its own default): the weight of the local term against the sequence-level one. The
     ``A_fork only`` rows' rank and sign agreement do not depend on it (for lambda > 0)."""
     bootstrap: int = 1000
-    """Resamples of the hunks for each 95% percentile interval; more steady the interval's ends
-    at linear cost (0 = no intervals, reported n/a)."""
+    """Resamples (of the tasks, each with all its hunks) for each 95% percentile interval; the
+    more, the steadier the interval's ends, at linear cost (0 = no intervals, reported n/a)."""
     seed: int = 0
     """Seeds the task lists (synthetic generation, HumanEval bug injection), the sampling, fork
     positions and forks (derived per data set and batch), torch and the bootstrap: the report is
@@ -399,6 +400,13 @@ def write_report(results: dict, cfg: Config) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results["agreement"] = agreement_table(results["hunks"], cfg.bootstrap, cfg.seed)
+    # what every results file says first (no training here: the policy as given, one seed)
+    results["setting"] = {"split": cfg.split, "feedback": "dense (fraction of hidden tests)",
+                          "model": cfg.policy, "steps": 0,
+                          "batch": f"{cfg.tasks_per_batch} tasks x {cfg.group_size} samples",
+                          "seeds": [cfg.seed], "n_bugs": cfg.n_bugs, "multi_hunk": cfg.multi_hunk,
+                          "intervals": "95% bootstrap over tasks (clusters)"}
+    results["seeds"] = [cfg.seed]
     (out / "credit.json").write_text(json.dumps(results, indent=1, default=float))
     ds, tab = results["datasets"], results["agreement"]
     lines = ["# Which credit is right? Per-hunk credit vs edit-level counterfactuals", "",
@@ -408,7 +416,8 @@ def write_report(results: dict, cfg: Config) -> Path:
              "R(program with h reverted)`, R = fraction of hidden tests passed "
              "(`labkit.credit.ground_truth.hunk_effects`). Credit of an estimator for h: the mean of "
              "its per-token advantage over h's tokens. Spearman: pooled over hunks, average "
-             "ranks, 95% percentile bootstrap interval over hunks. Sign agreement: over hunks "
+             "ranks, 95% percentile bootstrap interval resampling tasks (clusters: a task's hunks "
+             "share its rollouts and groups). Sign agreement: over hunks "
              "with a non-zero effect, the share whose credit has the same sign (credit 0 "
              "counts as disagreement).", "",
              f"Tiny model as shipped (its EMA baseline equals it), T = {cfg.temperature}, "
@@ -417,7 +426,9 @@ def write_report(results: dict, cfg: Config) -> Path:
              f"(fraction {cfg.fork_fraction}, at most {cfg.fork_budget} per rollout), "
              f"dR normalised by the batch RMS, spread = `{cfg.spread}`, lambda = {cfg.lam}.", ""]
     he = ds["humaneval"]
-    lines += [f"Data: {ds['synthetic']['tasks']} synthetic `{cfg.split}`-split tasks; "
+    kind = (f"{cfg.n_bugs} bugs per task, each in its own separately tested hunk"
+            if cfg.multi_hunk else f"{cfg.n_bugs} bug(s) per task")
+    lines += [f"Data: {ds['synthetic']['tasks']} synthetic `{cfg.split}`-split tasks ({kind}); "
               f"{he['tasks']} bug-injected HumanEval tasks, the shortest of the {he['fit']} of "
               f"{he['available']} whose prompt + reference + {cfg.context_margin} tokens fit the "
               "tiny model's 768 positions (the others cannot be attempted at all).", ""]
@@ -494,8 +505,8 @@ def _reading(results: dict) -> list[str]:
         "flips one token inside a hunk and lets the policy continue, which is close to, but "
         "not the same as, reverting the whole hunk: the two counterfactuals are related by "
         "construction, which favours didpo_fork in this comparison.",
-        "- One seed, one model; intervals are over hunks (several hunks share a rollout, so "
-        "they are somewhat optimistic).",
+        "- One seed, one model; intervals resample tasks (a task's hunks together), not "
+        "training seeds: no training happens in this experiment.",
     ]
     return out
 
