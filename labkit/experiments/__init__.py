@@ -453,6 +453,7 @@ def _figure(results: dict, out: Path, name: str):
                                      legendgroup=m, opacity=0.8))
     fig.update_layout(title=f"{name}: held-out pass@1 vs step", xaxis_title="step",
                       yaxis_title="held-out pass@1", template="plotly_white")
+    out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"
     fig.write_html(str(html), include_plotlyjs="directory", full_html=True)  # one plotly.min.js beside them
     png = out / f"{name}.png"
