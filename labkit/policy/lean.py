@@ -116,9 +116,8 @@ class LeanStep:
         # additive mask of the prefix: 0 where a column is attended, -inf on left padding
         self.bias = k0.new_zeros(u, 1, 1, P).masked_fill_(~attention_mask.bool()[:, None, None],
                                                           float("-inf"))
-        self._scores = None  # the prefix's scores, [u, H_kv, r g, P], kept across steps
         self.u = u
-        self._group(rows)
+        self._group(rows)  # also resets the prefix-score buffer [u, H_kv, r g, P]
         # cos/sin of every position the buffer can hold, from the model's rotary module
         # (its rope variant and scaling), looked up per step instead of recomputed
         cos, sin = self.inner.rotary_emb(k0.new_zeros(1, 1, d),
