@@ -258,3 +258,17 @@ def test_components_record_is_typed_and_reads_like_a_mapping():
         (made,) = fb.evaluate_many([task], [FIXED], sandbox=sb)
     assert isinstance(made.components, Components) and made.components.r_pass == 1.0
     assert made.to_dict()["components"] == made.components.to_dict()
+
+
+def test_generated_code_with_syntax_warnings_parses_silently():
+    """``1if`` and ``'\\d'`` are valid but make Python print a SyntaxWarning: the lab's logs
+    should not fill with warnings about the policy's programs."""
+    import warnings
+
+    from labkit.env.feedback import _parse, r_compile
+
+    code = "def f(x):\n    return 1if x else '\\d'\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert r_compile(code) == 1.0
+        assert _parse(code) is not None

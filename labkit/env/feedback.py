@@ -35,6 +35,7 @@ reshaping floor's job.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import io
 import json
@@ -43,6 +44,7 @@ import random
 import subprocess
 import tempfile
 import tokenize
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,10 +127,28 @@ def r_pass(result: SandboxResult) -> float:
     return 1.0 if result.status == Status.PASSED else 0.0
 
 
+@contextlib.contextmanager
+def _quiet_compiler():
+    """Silence the warnings Python's compiler prints for dubious but valid code (``1if``, a
+    bad escape like ``'\\d'``: ``SyntaxWarning`` or, before 3.12, ``DeprecationWarning``).
+    They are about the policy's programs, not the lab's, and would fill the logs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def _parse_candidate(code: str) -> ast.Module:
+    """``ast.parse`` of a generated program, without compiler warnings (:func:`_quiet_compiler`)."""
+    with _quiet_compiler():
+        return ast.parse(code, "<candidate>")
+
+
 def r_compile(code: str, result: SandboxResult | None = None) -> float:
     """``r_compile = 1[code parses] * 1[module loads]`` (loading known from a sandbox result)."""
     try:
-        compile(code, "<candidate>", "exec")
+        with _quiet_compiler():
+            compile(code, "<candidate>", "exec")
     except (SyntaxError, ValueError):
         return 0.0
     if result is not None and result.status == Status.ERROR:
@@ -345,7 +365,7 @@ def _strip_docstrings(module: ast.Module) -> ast.Module:
 
 @functools.lru_cache(maxsize=8192)
 def _parse(code: str) -> ast.Module:
-    return _strip_docstrings(ast.parse(code))
+    return _strip_docstrings(_parse_candidate(code))
 
 
 def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:
@@ -472,7 +492,7 @@ def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> li
     parses = []
     for code in codes:
         try:
-            ast.parse(code)
+            _parse_candidate(code)
             parses.append(True)
         except (SyntaxError, ValueError):
             parses.append(False)
