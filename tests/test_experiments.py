@@ -3,6 +3,7 @@ of ``python -m labkit experiment didpo`` on a tiny budget (the code path of the 
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -323,3 +324,65 @@ def test_leak_check_finds_multi_hunk_held_out_tasks_deep_in_the_stream():
     assert {t.problem_id for t in tasks} - {p.problem_id for p in stream}  # deeper than 2n + 50
     got = leaked_task_ids(exp, tasks)
     assert got <= {t.task_id for t in tasks}
+
+
+def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_path):
+    """Two training seeds on a tiny budget: the results file has the setting, the seeds, and
+    per condition a paired change whose interval is over the seeds; a second run with the
+    same settings reuses both seeds' results instead of training again."""
+    sets = ["seeds=0,1", "train_problems=6", "rollouts_per_task=1", "iterations=1", "eval_tasks=4",
+            "sft_steps=2", "turns=2", "verifier_epochs=1", f"out={tmp_path}",
+            f"run_root={tmp_path / 'runs'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "mucode"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads((tmp_path / "mucode.json").read_text())
+    assert res["seeds"] == [0, 1] and res["setting"]["train_split"] == "val"
+    assert res["setting"]["eval_tasks"] == 4 and res["setting"]["split"] == "test"
+    for cond, m in res["methods"].items():
+        change = m["paired_change"]
+        assert change["over"] == "seeds" and change["seeds"] == 2 and change["tasks"] == 4
+        for s in ("0", "1"):
+            start = res["per_seed"][s]["synthetic"]["start"]["conditions"][cond]
+            end = res["per_seed"][s]["synthetic"]["expert_iteration"]["conditions"][cond]
+            assert change["per_seed"][s] == pytest.approx(statistics.fmean(end) - statistics.fmean(start))
+    assert list(res["methods"])[0] == "single-turn, N=1"
+    assert (tmp_path / "mucode.html").exists() and "## Expert iteration, per seed" in (
+        tmp_path / "mucode.md").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("reusing") == 2
+    assert json.loads((tmp_path / "mucode.json").read_text())["methods"] == res["methods"]
+
+
+def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
+    from labkit.experiments.mucode import summarise
+
+    def gen(vals):
+        conds = {c: list(v) for c, v in vals.items()}
+        rank = {k: 0.5 for k in ("verifier/pairwise_acc", "verifier/auc", "verifier/bon_hit",
+                                 "verifier/bon_random")}
+        return {"conditions": conds, "verifier_ranking": {"bt": rank, "bce": rank}}
+
+    names = ["multi-turn, BoN, public_tests", "multi-turn, BoN, random", "multi-turn, BoN, verifier",
+             "multi-turn, BoN, public_then_verifier", "single-turn, BoN, public_then_verifier",
+             "single-turn, BoN, random", "single-turn, BoN, verifier",
+             "single-turn, BoN, verifier (BCE)"]
+    start = {c: [0.0, 1.0, 0.0] for c in names}
+    ends = {0: [1.0, 1.0, 0.0], 1: [0.0, 1.0, 1.0], 2: [1.0, 0.0, 1.0]}
+    per_seed = {s: {"synthetic": {"start": gen(start),
+                                  "expert_iteration": gen({c: e for c in names})}}
+                for s, e in ends.items()}
+    out = summarise(per_seed, ["a", "b", "c"], leaked={"c"})
+    m = out["methods"]["multi-turn, BoN, random"]
+    naive = [statistics.fmean(e[i] - start["multi-turn, BoN, random"][i] for i in range(3))
+             for e in ends.values()]
+    assert m["paired_change"]["mean"] == pytest.approx(statistics.fmean(naive))
+    assert m["paired_change"]["ci95"] is not None and m["paired_change"]["seeds"] == 3
+    clean = [statistics.fmean(e[i] - start["multi-turn, BoN, random"][i] for i in range(2))
+             for e in ends.values()]
+    assert m["paired_clean_change"]["mean"] == pytest.approx(statistics.fmean(clean))
+    assert m["paired_clean_change"]["tasks"] == 2
+    # public_tests and random are equal everywhere here: their contrast is exactly 0
+    c = out["contrasts"]["expert_iteration"]["BoN: public_tests - random (multi-turn)"]
+    assert c["mean"] == 0.0 and c["ci95"] == [0.0, 0.0]
