@@ -386,3 +386,32 @@ def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
     # public_tests and random are equal everywhere here: their contrast is exactly 0
     c = out["contrasts"]["expert_iteration"]["BoN: public_tests - random (multi-turn)"]
     assert c["mean"] == 0.0 and c["ci95"] == [0.0, 0.0]
+
+
+def test_ablation_differences_are_paired_by_seed():
+    from labkit.experiments.didpo import ablation_differences, ablation_lines, ablation_name
+
+    def change(per_seed):
+        return {"per_seed": {str(s): v for s, v in per_seed.items()}}
+
+    name = ablation_name("didpo_no_ae", (0, 1, 2))
+    assert name == "didpo_no_ae (seeds 0,1,2)" and ablation_name("x", [3]) == "x (seed 3)"
+    results = {"methods": {
+        "grpo": {"paired_trained_change": change({0: 0.10, 1: 0.08, 2: 0.09, 3: 0.5})},
+        "didpo": {"paired_trained_change": change({0: 0.09, 1: 0.07, 2: 0.10, 3: 0.5})},
+        name: {"paired_trained_change": change({0: 0.04, 1: 0.03, 2: 0.05})}}}
+    d = ablation_differences(results, {"didpo_no_ae": name})
+    g = d["didpo_no_ae"]["grpo"]["paired_trained"]
+    assert g["per_seed"] == pytest.approx({"0": -0.06, "1": -0.05, "2": -0.04})  # seed 3: not shared
+    assert g["mean"] == pytest.approx(-0.05)
+    half = 4.303 * 0.01 / math.sqrt(3)  # t_{2} * sd / sqrt(n)
+    assert g["ci95"] == pytest.approx([-0.05 - half, -0.05 + half]) and g["shown"]
+    assert "paired" not in d["didpo_no_ae"]["grpo"]  # not measured, not invented
+    assert any("didpo_no_ae | didpo |" in line for line in ablation_lines({"ablation_differences": d}))
+
+
+def test_didpo_ablation_seeds_must_be_trained_seeds():
+    from labkit.experiments.didpo import Config, run
+
+    with pytest.raises(ValueError, match="ablation_seeds \\[4\\] are not in seeds"):
+        run(Config(seeds=(0, 1), ablation_seeds=(0, 4)))

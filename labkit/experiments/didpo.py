@@ -1,6 +1,6 @@
 """``python -m labkit experiment didpo``: GRPO vs DiDPO (diff anchors) vs DiDPO-fork
 (counterfactual forks) on the tiny default, the same step budget and seeds, plus the
-paper's ablations on one seed.
+paper's ablations on ``ablation_seeds``, each compared paired by seed with GRPO and DiDPO.
 
 The fork variant spends more compute per step (it generates and executes forks), so it is
 also reported at equal wall clock: with a constant learning rate a run truncated at step
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
+from labkit.experiments import stats
 from labkit.experiments import (ExperimentConfig, RESULTS, add_paired, base_train_config, mean_ci95,
                                 run_methods, write_report)
 from labkit.loops.trainer import Trainer
@@ -32,12 +33,13 @@ class Config(ExperimentConfig):
     ``didpo_fork@wall`` row."""
     ablations: tuple[str, ...] = ("didpo_no_ae", "didpo_no_ad", "didpo_whole_diff",
                                   "didpo_additive_gs", "didpo_group_mean")
-    """Estimators trained on ``ablation_seed`` only: DiDPO without ``A_E``, without ``A_D``
+    """Estimators trained on ``ablation_seeds`` only: DiDPO without ``A_E``, without ``A_D``
     (GRPO), with the whole diff as the one unit of credit, with additive groupability, and the
     labelled non-paper ``A_D`` = group mean minus task mean (:mod:`labkit.credit.anchors`);
     empty = none. They are not in the cost table."""
-    ablation_seed: int = 0
-    """The one seed the ablations train on (one run each, so their intervals are n/a)."""
+    ablation_seeds: tuple[int, ...] = (0, 1, 2)
+    """The seeds the ablations train on (a subset of ``seeds``: each ablation is compared,
+    paired by seed, with GRPO and DiDPO on these seeds; one seed gives no interval)."""
     n_bugs: int = 2
     """Two bugs per task, in separate hunks: DiDPO's premise is multi-region edits."""
     multi_hunk: bool = True
@@ -151,21 +153,28 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
 
 
 def run(exp: Config) -> Path:
+    missing = sorted(set(exp.ablation_seeds) - set(exp.seeds)) if exp.ablations else []
+    if missing:
+        raise ValueError(f"ablation_seeds {missing} are not in seeds {list(exp.seeds)}: the "
+                         "ablations are compared with the main methods on the same seeds; add "
+                         "them to seeds or drop them from ablation_seeds")
     main = run_methods("didpo", {m: _method(m) for m in exp.methods}, exp, configure=_configure(exp))
     # Learning curves may come from runs made at other times; costs are measured here, now,
     # side by side, for every compared method (the equal-wall budget depends on them).
     main["step_costs_s"] = measure_step_costs(exp, tuple(exp.methods), exp.cost_rounds)
+    abl = None
     if exp.ablations:
-        one = dataclasses.replace(exp, seeds=(exp.ablation_seed,))
-        abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, one, configure=_configure(exp))
-        for m, r in abl["methods"].items():
-            main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
+        some = dataclasses.replace(exp, seeds=tuple(exp.ablation_seeds))
+        abl = run_methods("didpo", {m: _method(m) for m in exp.ablations}, some, configure=_configure(exp))
         if exp.paired_tasks:
-            add_paired(abl, one)
-            for m, r in abl["methods"].items():
-                main["methods"][f"{m} (seed {exp.ablation_seed})"] = r
+            add_paired(abl, some)
+        for m, r in abl["methods"].items():
+            main["methods"][ablation_name(m, exp.ablation_seeds)] = r
     if exp.paired_tasks:
         add_paired(main, exp, methods=list(exp.methods))
+        if abl is not None:
+            main["ablation_differences"] = ablation_differences(
+                main, {m: ablation_name(m, exp.ablation_seeds) for m in exp.ablations})
     if "grpo" in main["methods"] and "didpo_fork" in main["methods"]:
         wall = equal_wall(main["methods"]["grpo"], main["methods"]["didpo_fork"], main["step_costs_s"])
         if wall["seeds"]:
@@ -180,14 +189,80 @@ def run(exp: Config) -> Path:
         f"{exp.eval_k} samples at T = 0.7. Only the advantage estimator differs: `grpo` (sequence "
         "advantage broadcast to tokens), `didpo` (A_E + lambda A_D over diff anchors, lambda 1), "
         f"`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline, at most "
-        f"{exp.fork_budget} forks per completion at `{exp.fork_strategy}` positions). Ablations on seed "
-        f"{exp.ablation_seed} only. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
+        f"{exp.fork_budget} forks per completion at `{exp.fork_strategy}` positions). Ablations on "
+        f"seeds {list(exp.ablation_seeds)}. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
         + (f" `didpo_fork` runs {exp.fork_steps} steps (its cost per step is several of GRPO's)."
            if exp.fork_steps else "")
         + (f" The ablations run {exp.ablation_steps} steps: compare them with the main methods' "
            f"evaluation at step {exp.ablation_steps} (in the per-seed curves)." if exp.ablation_steps else ""))
     return write_report(main, exp.out, "GRPO vs DiDPO vs DiDPO-fork on the tiny model", notes,
-                        cost_lines(main))
+                        cost_lines(main) + ablation_lines(main))
+
+
+def ablation_name(method: str, seeds) -> str:
+    """``didpo_no_ae (seed 0)`` / ``didpo_no_ae (seeds 0,1,2)``: the report's row name."""
+    seeds = list(seeds)
+    return f"{method} (seed {seeds[0]})" if len(seeds) == 1 else \
+        f"{method} (seeds {','.join(map(str, seeds))})"
+
+
+REFERENCES = ("grpo", "didpo")
+PAIRED_KEYS = ("paired", "paired_clean", "paired_trained")
+
+
+def ablation_differences(results: dict, names: dict[str, str]) -> dict:
+    """Each ablation minus GRPO and minus DiDPO, paired by seed: per shared seed the
+    difference of the two runs' paired changes (same tasks, same start, same sampling seed),
+    then the mean and t-interval over those seeds (:func:`labkit.experiments.stats.t_interval`),
+    for every paired evaluation made (held-out, its clean subset, the trained templates)."""
+    out: dict = {}
+    for abl, row in names.items():
+        for ref in REFERENCES:
+            if ref not in results["methods"]:
+                continue
+            for key in PAIRED_KEYS:
+                a = results["methods"][row].get(f"{key}_change")
+                b = results["methods"][ref].get(f"{key}_change")
+                if not a or not b:
+                    continue
+                seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
+                if not seeds:
+                    continue
+                d = {s: a["per_seed"][s] - b["per_seed"][s] for s in seeds}
+                mean, ci = stats.t_interval(list(d.values()))
+                out.setdefault(abl, {}).setdefault(ref, {})[key] = {
+                    "mean": mean, "ci95": ci, "over": "seeds", "per_seed": d,
+                    "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+    return out
+
+
+def ablation_lines(results: dict) -> list[str]:
+    """The report's table of each ablation minus GRPO and minus DiDPO, paired by seed."""
+    diffs = results.get("ablation_differences")
+    if not diffs:
+        return []
+    titles = {"paired": "held-out", "paired_clean": "held-out, clean", "paired_trained": "trained templates"}
+    keys = [k for k in PAIRED_KEYS if any(k in by.get(ref, {}) for by in diffs.values() for ref in by)]
+    lines = ["", "Ablations minus the main methods, paired by seed (difference of the paired "
+             "changes on each shared seed; 95% t-interval over those seeds):", "",
+             "| ablation | minus | " + " | ".join(titles[k] for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for abl, by in diffs.items():
+        for ref, per in by.items():
+            cells = []
+            for k in keys:
+                d = per.get(k)
+                if d is None:
+                    cells.append("n/a")
+                    continue
+                c = f"{d['mean']:+.4f}"
+                if d["ci95"]:
+                    c += f" [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]" + ("" if d["shown"] else " (not shown)")
+                else:
+                    c += ", one seed"
+                cells.append(c)
+            lines.append(f"| {abl} | {ref} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def cost_lines(results: dict) -> list[str]:
