@@ -415,3 +415,13 @@ def test_didpo_ablation_seeds_must_be_trained_seeds():
 
     with pytest.raises(ValueError, match="ablation_seeds \\[4\\] are not in seeds"):
         run(Config(seeds=(0, 1), ablation_seeds=(0, 4)))
+
+
+def test_reshaping_claim_needs_the_claimed_size_not_only_a_shown_gain():
+    from labkit.experiments.reshaping import claim_verdict
+
+    assert claim_verdict({"shown": False, "mean": 0.01, "relative_end": 0.5}).startswith("no difference")
+    assert claim_verdict({"shown": True, "mean": -0.01, "relative_end": -0.05}) == "reshaping is worse here"
+    assert claim_verdict({"shown": True, "mean": 0.06, "relative_end": 0.40}) == "the blog's claim holds here"
+    small = claim_verdict({"shown": True, "mean": 0.006, "relative_end": 0.032})
+    assert "far smaller than the claim" in small and "+3.2%" in small
