@@ -453,12 +453,18 @@ def _figure(results: dict, out: Path, name: str):
                                      legendgroup=m, opacity=0.8))
     fig.update_layout(title=f"{name}: held-out pass@1 vs step", xaxis_title="step",
                       yaxis_title="held-out pass@1", template="plotly_white")
+    return save_figure(fig, out, name)
+
+
+def save_figure(fig, out: Path, name: str, width: int = 900, height: int = 500):
+    """``<out>/<name>.html`` (sharing one ``plotly.min.js`` beside the reports) and, when
+    kaleido can render it, ``<name>.png``; returns both paths (``None`` for a skipped PNG)."""
     out.mkdir(parents=True, exist_ok=True)
     html = out / f"{name}.html"
-    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)  # one plotly.min.js beside them
+    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)
     png = out / f"{name}.png"
     try:
-        fig.write_image(str(png), width=900, height=500)
+        fig.write_image(str(png), width=width, height=height)
     except Exception as e:  # noqa: BLE001 - kaleido needs a Chrome; report and keep the HTML
         print(f"PNG export skipped: {type(e).__name__}: {e}")
         png = None

@@ -42,7 +42,7 @@ from labkit.config import to_record
 from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
-from labkit.experiments import RESULTS, write_markdown
+from labkit.experiments import RESULTS, save_figure, write_markdown
 from labkit.experiments import stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -431,15 +431,7 @@ def _figure(r: dict, out: Path):
                       title=f"muCODE on {r['setting']['eval_tasks']} held-out tasks, "
                             f"{len(r['seeds'])} training seeds (95% t-interval over seeds)",
                       yaxis_title="pass rate on the hidden tests (%)", xaxis_tickangle=-30)
-    html = out / "mucode.html"
-    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)
-    png = out / "mucode.png"
-    try:
-        fig.write_image(str(png), width=1000, height=550)
-    except Exception as e:  # noqa: BLE001 - kaleido needs a Chrome; report and keep the HTML
-        print(f"PNG export skipped: {type(e).__name__}: {e}")
-        png = None
-    return html, png
+    return save_figure(fig, out, "mucode", width=1000, height=550)
 
 
 def _pct(m: dict) -> str:
