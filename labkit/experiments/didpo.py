@@ -213,7 +213,7 @@ PAIRED_KEYS = ("paired", "paired_clean", "paired_trained")
 def ablation_differences(results: dict, names: dict[str, str]) -> dict:
     """Each ablation minus GRPO and minus DiDPO, paired by seed: per shared seed the
     difference of the two runs' paired changes (same tasks, same start, same sampling seed),
-    then the mean and t-interval over those seeds (:func:`labkit.experiments.stats.t_interval`),
+    then the mean and t-interval over those seeds (:func:`labkit.experiments.stats.seed_difference`),
     for every paired evaluation made (held-out, its clean subset, the trained templates)."""
     out: dict = {}
     for abl, row in names.items():
@@ -225,14 +225,9 @@ def ablation_differences(results: dict, names: dict[str, str]) -> dict:
                 b = results["methods"][ref].get(f"{key}_change")
                 if not a or not b:
                     continue
-                seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
-                if not seeds:
-                    continue
-                d = {s: a["per_seed"][s] - b["per_seed"][s] for s in seeds}
-                mean, ci = stats.t_interval(list(d.values()))
-                out.setdefault(abl, {}).setdefault(ref, {})[key] = {
-                    "mean": mean, "ci95": ci, "over": "seeds", "per_seed": d,
-                    "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+                d = stats.seed_difference(b, a)  # the ablation minus the reference
+                if d is not None:
+                    out.setdefault(abl, {}).setdefault(ref, {})[key] = d
     return out
 
 

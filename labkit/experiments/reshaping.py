@@ -25,7 +25,7 @@ from pathlib import Path
 from labkit.credit.reshaping import RECIPES
 from labkit.experiments import (ExperimentConfig, _figure, add_paired, paired_lines, run_methods,
                                 setting, write_markdown)
-from labkit.experiments.stats import describe, t_interval
+from labkit.experiments.stats import describe, seed_difference
 
 
 @dataclass
@@ -46,16 +46,12 @@ def method_difference(results: dict, a: str, b: str) -> dict | None:
     """``b - a`` of the paired changes, seed by seed (same seed, same tasks and first
     samples), with a t-interval over seeds; ``None`` when a seed is missing."""
     pa, pb = results["methods"][a]["paired_change"], results["methods"][b]["paired_change"]
-    seeds = [s for s in pa["per_seed"] if s in pb["per_seed"]]
-    if not seeds:
+    diff = seed_difference(pa, pb)
+    if diff is None:
         return None
-    diffs = [pb["per_seed"][s] - pa["per_seed"][s] for s in seeds]
-    mean, ci = t_interval(diffs)
     start = results["paired"]["start_pass_at_1"]
     end_a, end_b = start + pa["mean"], start + pb["mean"]
-    return {"mean": mean, "ci95": ci, "over": "seeds", "per_seed": dict(zip(seeds, diffs)),
-            "seeds": len(seeds), "shown": ci is not None and (ci[0] > 0 or ci[1] < 0),
-            "relative_end": end_b / end_a - 1 if end_a > 0 else None}
+    return {**diff, "relative_end": end_b / end_a - 1 if end_a > 0 else None}
 
 
 def run(exp: Config) -> Path:

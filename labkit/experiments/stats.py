@@ -99,6 +99,19 @@ def paired_change(per_seed: Mapping[int | str, Sequence[float]], n_boot: int = 2
             "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
 
 
+def seed_difference(a: Mapping, b: Mapping) -> dict | None:
+    """``b - a`` of two :func:`paired_change` records, seed by seed on the seeds both have
+    (same seed = same tasks, start and sampling seed), with the t-interval over those seeds;
+    ``None`` when they share no seed."""
+    seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
+    if not seeds:
+        return None
+    diffs = [b["per_seed"][s] - a["per_seed"][s] for s in seeds]
+    mean, ci = t_interval(diffs)
+    return {"mean": mean, "ci95": ci, "over": "seeds", "per_seed": dict(zip(seeds, diffs)),
+            "seeds": len(seeds), "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+
+
 def describe(change: Mapping) -> str:
     """``+0.052 [+0.031, +0.073] over 3 seeds`` / ``+0.012, one seed: no interval``."""
     m = change["mean"]
