@@ -163,8 +163,9 @@ class Config:
     seed's ``result.json``."""
 
 
-# Settings that do not change a seed's result (a cached result.json is reused across them).
-_NOT_IN_RESULT = ("seeds", "out", "threads", "run_root", "batch_size")
+# Settings that do not decide a seed's result (a cached result.json is reused across them).
+# ``batch_size`` is not among them: the decode chunks decide how the random stream is drawn.
+_NOT_IN_RESULT = ("seeds", "out", "threads", "run_root")
 
 
 def _fingerprint(cfg: Config, seed: int) -> dict:
