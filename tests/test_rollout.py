@@ -5,7 +5,7 @@ import torch
 
 from labkit.env.records import RepairTask, TestSuite
 from labkit.policy.loading import load_policy
-from labkit.policy.rollout import (SamplingConfig, collate, pass_at_k, sample,
+from labkit.policy.rollout import (SamplingConfig, collate, pass_at_k, sample, select_rows,
                                    sequence_logprobs, token_offsets)
 
 
@@ -141,3 +141,36 @@ def test_shared_prompt_forward_equals_the_full_forward_and_its_gradient(policy):
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
     model.zero_grad()
+
+
+def test_select_rows_cuts_only_padding_and_keeps_every_log_prob(policy):
+    """A micro-batch of the short rows is narrowed to the columns they use (the long prompt's
+    left padding and the long completions' right padding go), and its log-probs and
+    gradients equal the full-width batch's rows."""
+    cfg = SamplingConfig(group_size=3, temperature=1.0, max_new_tokens=14, stop_strings=())
+    rs = sample(policy, [_task(0), _task(6)], cfg)  # task 6: six more prompt lines
+    rs[1].completion_ids = rs[1].completion_ids[:3]  # a short completion among the rows
+    batch = collate(rs, policy.tokenizer.pad_token_id)
+    P, T = batch["prompt_len"], batch["completion_mask"].shape[1]
+    rows = [0, 1, 2]
+    sub = select_rows(batch, rows)
+    t = sub["completion_mask"].shape[1]
+    assert t == max(len(rs[i].completion_ids) for i in rows) <= T
+    assert sub["prompt_len"] == max(len(rs[i].prompt_ids) for i in rows) < P
+    assert torch.equal(sub["completion_mask"], batch["completion_mask"][rows, :t])
+    assert torch.equal(sub["input_ids"], batch["input_ids"][rows, P - sub["prompt_len"]:P + t])
+    model = policy.model
+    got = []
+    for b, cut in ((batch, False), (sub, True)):
+        model.zero_grad()
+        logp, _ = sequence_logprobs(model, b, 1.0)
+        logp = logp if cut else logp[rows, :t]
+        logp.sum().backward()
+        got.append((logp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (l1, g1), (l2, g2) = got
+    assert torch.allclose(l1, l2, atol=1e-5)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+    model.zero_grad()
+    with pytest.raises(IndexError):
+        select_rows(batch, [len(rs)])

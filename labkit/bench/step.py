@@ -7,8 +7,10 @@ steps run; the first is a warm-up, the others are measured and their phases aver
 
 * ``prefill`` (one forward over the batch's distinct prompts, timed again on its own) and
   ``decode`` (the rest of sampling);
-* ``sandbox`` (executing every candidate and the feedback components) and ``reward``
-  (reshaping and the advantage estimator);
+* ``sandbox`` (executing every candidate and the feedback components: the part left to
+  wait for once decoding is done) with ``sandbox_overlapped`` (the part the scoring thread
+  did while later decode chunks ran, inside ``decode``), and ``reward`` (reshaping and the
+  advantage estimator);
 * ``update_reference`` (the KL reference's forward), ``update_forward``,
   ``update_backward``, ``update_optimizer``.
 
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--policy", default="tiny")
+    p.add_argument("--decode-batch", type=int, default=None,
+                   help="rows decoded together (sampling.batch_size; default: the experiments')")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be >= 2 (the first step is a warm-up)")
@@ -83,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = tempfile.mkdtemp(prefix="bench-step-")
     cfg = base_train_config(exp, seed=0, run_dir=run_dir)
     cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
+    if a.decode_batch:
+        cfg.sampling.batch_size = a.decode_batch
     tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
     policy = load_policy(cfg.policy)
     trainer = Trainer(cfg, policy=policy, train_tasks=tasks, eval_tasks=[], overwrite=True)
@@ -121,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tok.append(sum(P))
         for name, value in {
             "prefill": prefill, "decode": max(0.0, row["time/generate"] - prefill),
-            "sandbox": row["time/execute"], "reward": row["time/reward"],
+            "sandbox": row["time/execute"],
+            "sandbox_overlapped": row.get("time/execute_overlapped", 0.0),
+            "reward": row["time/reward"],
             "update_reference": row["time/update_reference"],
             "update_forward": row["time/update_forward"],
             "update_backward": row["time/update_backward"],

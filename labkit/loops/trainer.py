@@ -51,7 +51,7 @@ from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
 from labkit.loops.records import RolloutRecord
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
-from labkit.policy.rollout import Rollout, SamplingConfig, collate, sequence_logprobs
+from labkit.policy.rollout import Rollout, SamplingConfig, collate, select_rows, sequence_logprobs
 from labkit.seeding import derive_seed, seed_everything
 
 # ============================================================================= config
@@ -255,6 +255,7 @@ class Trainer:
         self.step = 0
         self._stop = False
         self._buggy_r_test: dict[str, float] = {}
+        self._pool = None  # the thread scoring decoded chunks (``_scoring_pool``)
         # estimators that need counterfactual forks get the fork hooks; the others plain ones
         self.forks = ForkCredit(self.policy, cfg.fork) if needs_forks(cfg.estimator) else NoForks()
 
@@ -298,6 +299,9 @@ class Trainer:
         self._stop = True
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._own_sandbox and self.sandbox is not None:
             self.sandbox.close()
 
@@ -356,24 +360,32 @@ class Trainer:
         else:
             tasks = rng.sample(self.train_tasks, min(cfg.tasks_per_step, len(self.train_tasks)))
 
-        # -- generate ----------------------------------------------------------------
+        # -- generate; execute + feedback of each decoded chunk while the next decodes ----
         t0 = time.time()
         scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
-        rollouts, kv = self.forks.sample(self.policy, tasks, scfg)  # kv: prefix caches for forks
+        task_of = [t for t in tasks for _ in range(scfg.group_size)]
+        scoring = None
+        if self.reward_fn is None:
+            self._ensure_buggy_baseline(tasks)
+            seed = derive_seed(cfg.seed, "feedback", step, *self._rank_key())
+
+            def score(start: int, chunk: list[Rollout]) -> list:
+                return evaluate_many(task_of[start:start + len(chunk)], [r.code for r in chunk],
+                                     config=cfg.feedback, sandbox=self.sandbox,
+                                     progress=self.progress, seed=seed, start=start)
+            scoring = ChunkScoring(score, self._scoring_pool())
+        rollouts, kv = self.forks.sample(self.policy, tasks, scfg,  # kv: prefix caches for forks
+                                         on_chunk=scoring.submit if scoring else None)
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
 
-        # -- execute + feedback --------------------------------------------------------
         t0 = time.time()
-        task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
-        if self.reward_fn is not None:
+        if scoring is None:
             fb = [_CustomFeedback(Components.from_dict(c)) for c in self.reward_fn(task_of, rollouts)]
         else:
-            self._ensure_buggy_baseline(tasks)
-            fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
-                               sandbox=self.sandbox, progress=self.progress,
-                               seed=derive_seed(cfg.seed, "feedback", step, *self._rank_key()))
-        timings["time/execute"] = time.time() - t0
+            fb = scoring.result()
+            timings["time/execute_overlapped"] = scoring.busy_s - (time.time() - t0)
+        timings["time/execute"] = time.time() - t0  # what is left after decoding
 
         # -- counterfactual forks (estimators that need them) ---------------------------------
         t0 = time.time()
@@ -446,6 +458,14 @@ class Trainer:
         self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
 
+    def _scoring_pool(self):
+        """The one worker thread that scores decoded chunks (made on first use)."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-feedback")
+        return self._pool
+
     def _ensure_buggy_baseline(self, tasks: Sequence[RepairTask]) -> None:
         """The test signal (:func:`test_term`, under the run's feedback regime) of each task's
         unchanged buggy code: the precision gate's baseline."""
@@ -494,9 +514,11 @@ class Trainer:
         clock = {"reference": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         t0 = time.perf_counter()
         if cfg.kl_coef > 0:
+            ref_logp = torch.zeros_like(mask)  # [B, T]
             with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
-                ref_logp = torch.cat([sequence_logprobs(ref, _slice(batch, mb), temperature)[0]
-                                      for mb in mbs])  # [B, T]
+                for mb in mbs:
+                    lp = sequence_logprobs(ref, select_rows(batch, mb), temperature)[0]
+                    ref_logp[mb, :lp.shape[1]] = lp
         clock["reference"] += time.perf_counter() - t0
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
         horizon = self.loss_horizon
@@ -512,18 +534,20 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             for mb in mbs:
                 t0 = time.perf_counter()
-                sub = _slice(batch, mb)
+                sub = select_rows(batch, mb)  # only the columns these rows use
                 m = sub["completion_mask"]
-                logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, T]
-                pg, pm = loss_fn(logp, old_logp[mb], adv[mb], m, eps_low=cfg.eps_low,
+                t = m.shape[1]
+                logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, t]
+                pg, pm = loss_fn(logp, old_logp[mb, :t], adv[mb, :t], m, eps_low=cfg.eps_low,
                                  eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
                                  horizon=horizon)
                 loss = pg
                 if ref_logp is not None:
-                    kl = kl_penalty(logp, ref_logp[mb], cfg.kl_estimator)
+                    ref_mb = ref_logp[mb, :t]
+                    kl = kl_penalty(logp, ref_mb, cfg.kl_estimator)
                     loss = loss + cfg.kl_coef * agg_loss(kl, m, cfg.agg, horizon)
-                    acc["kl/k1"].append(agg_loss(logp.detach() - ref_logp[mb], m).item())
-                    acc["kl/k3"].append(agg_loss(kl_penalty(logp.detach(), ref_logp[mb], "k3"), m).item())
+                    acc["kl/k1"].append(agg_loss(logp.detach() - ref_mb, m).item())
+                    acc["kl/k3"].append(agg_loss(kl_penalty(logp.detach(), ref_mb, "k3"), m).item())
                 if cfg.entropy_coef:
                     loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, horizon)
                 share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
@@ -740,9 +764,40 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _slice(batch: dict, idx: list[int]) -> dict:
-    """Rows ``idx`` of every tensor in a collated batch (``prompt_len`` kept as is)."""
-    return {k: (v[idx] if torch.is_tensor(v) else v) for k, v in batch.items()}
+class ChunkScoring:
+    """Scores decoded chunks of a step on a worker thread while the next chunk decodes.
+
+    ``score(start, rollouts)`` is the feedback of one chunk whose first row is row ``start``
+    of the batch. The chunks are scored one after another in decode order, each with its own
+    ``start`` (:func:`~labkit.env.feedback.evaluate_many`'s), so the result equals one call
+    over the whole batch: the same noisy-regime flips, the progress bonus paid in the same
+    order. What overlaps: the sandbox's worker processes, ruff and black run as processes of
+    their own, and the decode's matrix products leave the interpreter lock free.
+    """
+
+    def __init__(self, score, pool):
+        self._score, self._pool = score, pool
+        self._futures: list = []
+        self.busy_s = 0.0
+        """Seconds the worker spent scoring (overlapped with decoding or not)."""
+
+    def _timed(self, start: int, chunk: list) -> list:
+        t0 = time.time()
+        try:
+            return self._score(start, chunk)
+        finally:
+            self.busy_s += time.time() - t0
+
+    def submit(self, start: int, chunk: Sequence[Rollout]) -> None:
+        self._futures.append(self._pool.submit(self._timed, start, list(chunk)))
+
+    def result(self) -> list:
+        """Every chunk's feedback in batch order (waits for the ones still running; an error
+        in scoring is raised here)."""
+        out: list = []
+        for f in self._futures:
+            out.extend(f.result())
+        return out
 
 
 def _agg_weight(mask: torch.Tensor, mode: str) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -157,22 +157,29 @@ def make_rollout(tokenizer, *, task_id: str, sample: int, prompt: str, prompt_id
 
 @torch.no_grad()
 def sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
-           feedback: Sequence[str | None] | None = None, progress: bool = False) -> list[Rollout]:
+           feedback: Sequence[str | None] | None = None, progress: bool = False,
+           on_chunk: Callable[[int, list[Rollout]], None] | None = None) -> list[Rollout]:
     """G completions per task; results grouped task by task (``tasks[i]``'s samples are
-    ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``."""
-    return _sample(policy, tasks, config, feedback, progress, keep_cache=False)[0]
+    ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``.
+
+    ``on_chunk(start, rollouts)`` is called as each decode chunk (``config.batch_size``
+    rows) is done, with the index of its first row in the output: a caller can start
+    scoring a chunk while the next one decodes (the trainer does). It does not change what
+    is sampled."""
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=False, on_chunk=on_chunk)[0]
 
 
 @torch.no_grad()
 def sample_with_cache(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
-                      feedback: Sequence[str | None] | None = None,
-                      progress: bool = False) -> tuple[list[Rollout], list[KVRow]]:
+                      feedback: Sequence[str | None] | None = None, progress: bool = False,
+                      on_chunk: Callable[[int, list[Rollout]], None] | None = None,
+                      ) -> tuple[list[Rollout], list[KVRow]]:
     """:func:`sample`, plus the cache ``generate`` filled: ``kv[i]`` locates ``out[i]``.
 
     The same tokens as :func:`sample` under the same seed; the caches of all chunks stay in
     memory until the rows are dropped (``layers x 2 x B x H_kv x (P + T) x D`` values each).
     """
-    return _sample(policy, tasks, config, feedback, progress, keep_cache=True)
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=True, on_chunk=on_chunk)
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -305,7 +312,7 @@ def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
 
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
-            keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
+            keep_cache: bool, on_chunk=None) -> tuple[list[Rollout], list[KVRow]]:
     cfg = config or SamplingConfig()
     cfg.validate()
     model, tok = policy.model, policy.tokenizer
@@ -350,6 +357,8 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
                 stop_strings=cfg.stop_strings, temperature=cfg.temperature))
             if keep_cache:
                 kv.append(KVRow(cache=cache, row=row, offset=P - len(p_ids)))
+        if on_chunk is not None:
+            on_chunk(c0, out[c0:])
     model.train(was_training)
     return out, kv
 
@@ -383,6 +392,32 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, device=None) -> dict[str, 
         batch = {k: v.to(device) for k, v in batch.items()}
     batch["prompt_len"] = P
     return batch
+
+
+def select_rows(batch: dict, idx: Sequence[int]) -> dict:
+    """Rows ``idx`` of a :func:`collate` batch, narrowed to the columns they use.
+
+    The left padding of the prompts that every selected row has, and the right padding of
+    the completions that every selected row has, are cut (``prompt_len`` follows), so a
+    micro-batch of short rows does not pay for the longest row of the whole batch. Padding
+    is masked out of attention and positions come from ``position_ids``, so every kept
+    position's log-prob is the same function of the parameters; the completion axis becomes
+    ``T' <= T``, the first ``T'`` columns of the batch's (equal to float rounding: a matrix
+    product over fewer padded columns may sum in another order).
+    """
+    P = batch["prompt_len"]
+    rows = torch.as_tensor(list(idx), dtype=torch.long)
+    attn, cmask = batch["attention_mask"][rows], batch["completion_mask"][rows]
+    used = attn[:, :P].any(0).nonzero()
+    p0 = int(used[0]) if len(used) else P
+    done = cmask.any(0).nonzero()
+    t = int(done[-1]) + 1 if len(done) else 1
+    out = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
+    for k in ("input_ids", "attention_mask", "position_ids"):
+        out[k] = out[k][:, p0:P + t]
+    out["completion_mask"] = cmask[:, :t]
+    out["prompt_len"] = P - p0
+    return out
 
 
 def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy: bool = False,
