@@ -14,7 +14,7 @@ import torch
 
 from conftest import toy_tasks
 from labkit.config import from_dict, to_dict
-from labkit.loops.trainer import (CheckpointError, ChunkScoring, RunFolderError, Trainer, TrainConfig,
+from labkit.loops.trainer import (CheckpointError, RunFolderError, Trainer, TrainConfig,
                                   latest_checkpoint)
 
 
@@ -308,31 +308,24 @@ def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_m
         read_rollouts(cfg.run_dir)
 
 
-def test_chunks_scored_while_decoding_equal_one_scoring_of_the_batch(toy_model_dir, tmp_path):
-    """With several decode chunks each is scored on the worker thread as it is done; the
-    feedback (noisy flips included, drawn per batch position) equals one ``evaluate_many``
-    over the whole batch with the step's seed."""
+def test_the_trainer_runs_its_sandbox_with_the_configured_limits(toy_model_dir, tmp_path):
+    """``sandbox`` in the training config reaches the pool the trainer starts: a per-test limit
+    and workers from YAML-style overrides, and a looping candidate costs the per-test limit."""
+    import time
+
+    from labkit.config import apply_overrides
     from labkit.env.feedback import evaluate_many
-    from labkit.seeding import derive_seed
 
     cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1)
-    cfg.sampling.batch_size = 3  # 8 rows: chunks of 3, 3, 2
-    cfg.feedback.mode, cfg.feedback.noise_p = "noisy", 0.4
+    cfg = apply_overrides(cfg, ["sandbox.test_timeout_s=0.2", "sandbox.workers=1"])
+    assert cfg.sandbox.test_timeout_s == 0.2
     tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
-    starts, seen = [], {}
-    submit = ChunkScoring.submit
-    ChunkScoring.submit = lambda self, start, chunk: (starts.append(start), submit(self, start, chunk))[1]
     try:
-        tr.events.on("on_step_end", lambda **kw: seen.update(kw))
-        row = tr.train_step()
+        assert tr.sandbox.config.test_timeout_s == 0.2 and tr.sandbox.config.workers == 1
+        task = toy_tasks()[0]
+        t0 = time.perf_counter()
+        fb = evaluate_many([task], ["def inc(x):\n    while True:\n        pass\n"], sandbox=tr.sandbox)
+        assert fb[0].result.status.value == "timeout"
+        assert time.perf_counter() - t0 < 2.0  # the per-test limit, not the 5 s deadline
     finally:
-        ChunkScoring.submit = submit
-    tr.close()
-    assert starts == [0, 3, 6]
-    recs = seen["records"]
-    by_id = {t.task_id: t for t in toy_tasks()}
-    want = evaluate_many([by_id[r["task_id"]] for r in recs], [r["code"] for r in recs],
-                         config=cfg.feedback, seed=derive_seed(cfg.seed, "feedback", 0))
-    assert [r["components"] for r in recs] == [w.components.to_dict() for w in want]
-    assert any(r["components"]["r_feedback"] != r["components"]["r_test"] for r in recs)  # flips drawn
-    assert row["time/execute_overlapped"] <= row["time/step"]
+        tr.close()

@@ -7,10 +7,8 @@ steps run; the first is a warm-up, the others are measured and their phases aver
 
 * ``prefill`` (one forward over the batch's distinct prompts, timed again on its own) and
   ``decode`` (the rest of sampling);
-* ``sandbox`` (executing every candidate and the feedback components: the part left to
-  wait for once decoding is done) with ``sandbox_overlapped`` (the part the scoring thread
-  did while later decode chunks ran, inside ``decode``), and ``reward`` (reshaping and the
-  advantage estimator);
+* ``sandbox`` (executing every candidate and the feedback components) and ``reward``
+  (reshaping and the advantage estimator);
 * ``update_reference`` (the KL reference's forward), ``update_forward``,
   ``update_backward``, ``update_optimizer``.
 
@@ -127,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tok.append(sum(P))
         for name, value in {
             "prefill": prefill, "decode": max(0.0, row["time/generate"] - prefill),
-            "sandbox": row["time/execute"],
-            "sandbox_overlapped": row.get("time/execute_overlapped", 0.0),
-            "reward": row["time/reward"],
+            "sandbox": row["time/execute"], "reward": row["time/reward"],
             "update_reference": row["time/update_reference"],
             "update_forward": row["time/update_forward"],
             "update_backward": row["time/update_backward"],

@@ -625,16 +625,13 @@ def evaluate_many(
     sandbox=None,
     progress: ProgressTracker | None = None,
     seed: int = 0,
-    start: int = 0,
 ) -> list[Feedback]:
     """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat,
     one ruff process for all, then the pure component functions.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
     ``progress`` (optional) is updated in input order and pays ``r_progress``. ``seed`` seeds
-    the ``noisy`` regime's flips (candidate ``i`` draws from ``Random((seed, start + i))``:
-    scoring a batch in consecutive pieces, each with the ``start`` of its first candidate,
-    gives the same feedback as scoring it whole).
+    the ``noisy`` regime's flips (candidate ``i`` draws from ``Random((seed, i))``).
     """
     if len(tasks) != len(codes):
         raise ValueError(f"evaluate_many: {len(tasks)} tasks but {len(codes)} candidates")
@@ -655,7 +652,7 @@ def evaluate_many(
             r_pass=r_pass(result),
             r_feedback=sum(r_feedback(run[i], cfg.mode, public=public[i] if public else None,
                                       noise_p=cfg.noise_p, levels=cfg.coarse_levels,
-                                      rng=random.Random(f"{seed}:{start + i}:{k}"))
+                                      rng=random.Random(f"{seed}:{i}:{k}"))
                            for k, run in enumerate(runs)) / len(runs),
             r_compile=r_compile(code, result),
             r_precision=r_precision(task.buggy_code, code, cfg.precision_lambda,

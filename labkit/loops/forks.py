@@ -140,8 +140,8 @@ class NoForks:
 
     active = False
 
-    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig, on_chunk=None):
-        return sample(policy, tasks, cfg, on_chunk=on_chunk), None
+    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
+        return sample(policy, tasks, cfg), None
 
     def measure(self, *args, **kwargs) -> ForkMeasurement | None:
         return None
@@ -170,9 +170,9 @@ class ForkCredit(NoForks):
         self.cfg = cfg
         policy.baseline()  # the starting policy: frozen, or the EMA's first value
 
-    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig, on_chunk=None):
+    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
         """The same tokens as :func:`sample`, keeping the caches for the forks' prefixes."""
-        return sample_with_cache(policy, tasks, cfg, on_chunk=on_chunk)
+        return sample_with_cache(policy, tasks, cfg)
 
     def measure(self, policy, rollouts, tasks, factual: Callable[[], Sequence[float]], score: Score,
                 scfg: SamplingConfig, position_seed: int, fork_seed: int, kv=None) -> ForkMeasurement:

@@ -43,7 +43,7 @@ from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig,
                                      transform_advantages)
 from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
 from labkit.env.records import Components, RepairTask
-from labkit.env.sandbox import Sandbox
+from labkit.env.sandbox import Sandbox, SandboxConfig
 from labkit.env.tasks import load_tasks
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
@@ -145,6 +145,10 @@ class TrainConfig:
     """Training and held-out tasks."""
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
     """The reward components and the feedback regime (``feedback.mode``)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The sandbox pool the trainer starts for training and evaluation (not used when a
+    ``sandbox`` or ``reward_fn`` is passed in): workers, the check's deadline and the per-test
+    limit (``test_timeout_s``: what a candidate that loops costs a step), resource limits."""
     reshape: ReshapeConfig = field(default_factory=ReshapeConfig.raw)
     """Reward reshaping; the default is raw GRPO (reward = the feedback signal only). Named
     recipes: ``labkit.credit.reshaping.RECIPES``."""
@@ -231,7 +235,7 @@ class Trainer:
                              "each task once (its samples form one group): pass distinct tasks")
         self._own_sandbox = sandbox is None and reward_fn is None
         if sandbox is None and reward_fn is None:
-            sandbox = Sandbox()
+            sandbox = Sandbox(cfg.sandbox)
         self.sandbox = sandbox
         self.params = self.policy.trainable_parameters()
         o = cfg.optim
@@ -255,7 +259,6 @@ class Trainer:
         self.step = 0
         self._stop = False
         self._buggy_r_test: dict[str, float] = {}
-        self._pool = None  # the thread scoring decoded chunks (``_scoring_pool``)
         # estimators that need counterfactual forks get the fork hooks; the others plain ones
         self.forks = ForkCredit(self.policy, cfg.fork) if needs_forks(cfg.estimator) else NoForks()
 
@@ -299,9 +302,6 @@ class Trainer:
         self._stop = True
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         if self._own_sandbox and self.sandbox is not None:
             self.sandbox.close()
 
@@ -360,32 +360,24 @@ class Trainer:
         else:
             tasks = rng.sample(self.train_tasks, min(cfg.tasks_per_step, len(self.train_tasks)))
 
-        # -- generate; execute + feedback of each decoded chunk while the next decodes ----
+        # -- generate ----------------------------------------------------------------
         t0 = time.time()
         scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
-        task_of = [t for t in tasks for _ in range(scfg.group_size)]
-        scoring = None
-        if self.reward_fn is None:
-            self._ensure_buggy_baseline(tasks)
-            seed = derive_seed(cfg.seed, "feedback", step, *self._rank_key())
-
-            def score(start: int, chunk: list[Rollout]) -> list:
-                return evaluate_many(task_of[start:start + len(chunk)], [r.code for r in chunk],
-                                     config=cfg.feedback, sandbox=self.sandbox,
-                                     progress=self.progress, seed=seed, start=start)
-            scoring = ChunkScoring(score, self._scoring_pool())
-        rollouts, kv = self.forks.sample(self.policy, tasks, scfg,  # kv: prefix caches for forks
-                                         on_chunk=scoring.submit if scoring else None)
+        rollouts, kv = self.forks.sample(self.policy, tasks, scfg)  # kv: prefix caches for forks
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
 
+        # -- execute + feedback --------------------------------------------------------
         t0 = time.time()
-        if scoring is None:
+        task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
+        if self.reward_fn is not None:
             fb = [_CustomFeedback(Components.from_dict(c)) for c in self.reward_fn(task_of, rollouts)]
         else:
-            fb = scoring.result()
-            timings["time/execute_overlapped"] = scoring.busy_s - (time.time() - t0)
-        timings["time/execute"] = time.time() - t0  # what is left after decoding
+            self._ensure_buggy_baseline(tasks)
+            fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
+                               sandbox=self.sandbox, progress=self.progress,
+                               seed=derive_seed(cfg.seed, "feedback", step, *self._rank_key()))
+        timings["time/execute"] = time.time() - t0
 
         # -- counterfactual forks (estimators that need them) ---------------------------------
         t0 = time.time()
@@ -457,14 +449,6 @@ class Trainer:
             self._log_anchors(credit.artifacts.get("anchors"))
         self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
-
-    def _scoring_pool(self):
-        """The one worker thread that scores decoded chunks (made on first use)."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="labkit-feedback")
-        return self._pool
 
     def _ensure_buggy_baseline(self, tasks: Sequence[RepairTask]) -> None:
         """The test signal (:func:`test_term`, under the run's feedback regime) of each task's
@@ -762,42 +746,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
             if p.is_dir() and (p / "COMPLETE").exists()]
     return done[-1] if done else None
-
-
-class ChunkScoring:
-    """Scores decoded chunks of a step on a worker thread while the next chunk decodes.
-
-    ``score(start, rollouts)`` is the feedback of one chunk whose first row is row ``start``
-    of the batch. The chunks are scored one after another in decode order, each with its own
-    ``start`` (:func:`~labkit.env.feedback.evaluate_many`'s), so the result equals one call
-    over the whole batch: the same noisy-regime flips, the progress bonus paid in the same
-    order. What overlaps: the sandbox's worker processes, ruff and black run as processes of
-    their own, and the decode's matrix products leave the interpreter lock free.
-    """
-
-    def __init__(self, score, pool):
-        self._score, self._pool = score, pool
-        self._futures: list = []
-        self.busy_s = 0.0
-        """Seconds the worker spent scoring (overlapped with decoding or not)."""
-
-    def _timed(self, start: int, chunk: list) -> list:
-        t0 = time.time()
-        try:
-            return self._score(start, chunk)
-        finally:
-            self.busy_s += time.time() - t0
-
-    def submit(self, start: int, chunk: Sequence[Rollout]) -> None:
-        self._futures.append(self._pool.submit(self._timed, start, list(chunk)))
-
-    def result(self) -> list:
-        """Every chunk's feedback in batch order (waits for the ones still running; an error
-        in scoring is raised here)."""
-        out: list = []
-        for f in self._futures:
-            out.extend(f.result())
-        return out
 
 
 def _agg_weight(mask: torch.Tensor, mode: str) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -157,29 +157,22 @@ def make_rollout(tokenizer, *, task_id: str, sample: int, prompt: str, prompt_id
 
 @torch.no_grad()
 def sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
-           feedback: Sequence[str | None] | None = None, progress: bool = False,
-           on_chunk: Callable[[int, list[Rollout]], None] | None = None) -> list[Rollout]:
+           feedback: Sequence[str | None] | None = None, progress: bool = False) -> list[Rollout]:
     """G completions per task; results grouped task by task (``tasks[i]``'s samples are
-    ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``.
-
-    ``on_chunk(start, rollouts)`` is called as each decode chunk (``config.batch_size``
-    rows) is done, with the index of its first row in the output: a caller can start
-    scoring a chunk while the next one decodes (the trainer does). It does not change what
-    is sampled."""
-    return _sample(policy, tasks, config, feedback, progress, keep_cache=False, on_chunk=on_chunk)[0]
+    ``out[i*G:(i+1)*G]``). Deterministic under ``config.seed``."""
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=False)[0]
 
 
 @torch.no_grad()
 def sample_with_cache(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None = None, *,
-                      feedback: Sequence[str | None] | None = None, progress: bool = False,
-                      on_chunk: Callable[[int, list[Rollout]], None] | None = None,
-                      ) -> tuple[list[Rollout], list[KVRow]]:
+                      feedback: Sequence[str | None] | None = None,
+                      progress: bool = False) -> tuple[list[Rollout], list[KVRow]]:
     """:func:`sample`, plus the cache ``generate`` filled: ``kv[i]`` locates ``out[i]``.
 
     The same tokens as :func:`sample` under the same seed; the caches of all chunks stay in
     memory until the rows are dropped (``layers x 2 x B x H_kv x (P + T) x D`` values each).
     """
-    return _sample(policy, tasks, config, feedback, progress, keep_cache=True, on_chunk=on_chunk)
+    return _sample(policy, tasks, config, feedback, progress, keep_cache=True)
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -312,7 +305,7 @@ def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
 
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
-            keep_cache: bool, on_chunk=None) -> tuple[list[Rollout], list[KVRow]]:
+            keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
     cfg = config or SamplingConfig()
     cfg.validate()
     model, tok = policy.model, policy.tokenizer
@@ -357,8 +350,6 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
                 stop_strings=cfg.stop_strings, temperature=cfg.temperature))
             if keep_cache:
                 kv.append(KVRow(cache=cache, row=row, offset=P - len(p_ids)))
-        if on_chunk is not None:
-            on_chunk(c0, out[c0:])
     model.train(was_training)
     return out, kv
 
