@@ -238,6 +238,9 @@ def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "learning.json").read_text())
     assert res["setting"]["split"] == "test" and res["setting"]["feedback"] == "dense"
+    from labkit.policy.loading import weights_fingerprint
+    sha = weights_fingerprint("tiny")
+    assert res["setting"]["model_sha256"] == sha  # which model the numbers belong to
     assert res["seeds"] == [0]
     change = res["methods"]["grpo"]["paired_change"]
     assert change["over"] == "seeds" and change["ci95"] is None and change["tasks"] == 2
@@ -245,7 +248,7 @@ def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     assert change["per_seed"]["0"] == pytest.approx(seed["paired"]["end_pass_at_1"]
                                                    - res["paired"]["start_pass_at_1"])
     md = (tmp_path / "learning.md").read_text()
-    assert "one seed: no interval" in md and "Paired held-out change" in md
+    assert "one seed: no interval" in md and "Paired held-out change" in md and sha in md
 
 
 def test_experiment_reshaping_runs_every_regime(tmp_path):

@@ -67,3 +67,24 @@ def test_bad_inputs(model_dir, tmp_path):
     (bad / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(PolicyLoadError):
         load_policy(str(bad))
+
+
+def test_weights_fingerprint_names_the_weights(model_dir, tmp_path):
+    """The fingerprint results record is stable for one folder and moves with any weight byte."""
+    import shutil
+
+    from labkit.policy.loading import weights_fingerprint
+
+    a = weights_fingerprint(str(model_dir))
+    assert a == weights_fingerprint(str(model_dir)) and len(a) == 12
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dir, copy)
+    assert weights_fingerprint(str(copy)) == a
+    w = next(p for p in copy.iterdir() if p.suffix == ".safetensors")
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1
+    w.write_bytes(bytes(data))
+    assert weights_fingerprint(str(copy)) != a
+    w.unlink()
+    with pytest.raises(PolicyLoadError, match="no weight files"):
+        weights_fingerprint(str(copy))

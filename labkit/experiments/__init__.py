@@ -24,6 +24,7 @@ from labkit.experiments.paired import held_out_tasks, paired_difference, paired_
 from labkit.experiments.stats import describe
 from labkit.loops.events import RunFolder
 from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
+from labkit.policy.loading import weights_fingerprint
 
 EXPERIMENTS = ("learning", "reshaping", "didpo", "credit", "mucode")
 """Experiment modules under ``labkit.experiments`` (each defines ``Config`` and ``run``)."""
@@ -197,7 +198,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
 def setting(exp: ExperimentConfig) -> dict:
     """What every results file says first: split, feedback regime, model, budget, seeds."""
     return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback,
-            "model": exp.policy,
+            "model": exp.policy, "model_sha256": weights_fingerprint(exp.policy),
             "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
             "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
             "task_seed": exp.task_seed, "seeds": list(exp.seeds),

@@ -33,7 +33,8 @@ def run(exp: Config) -> Path:
     results = run_methods("learning", {"grpo": RECIPES["raw"]}, exp)
     if exp.paired_tasks:
         add_paired(results, exp)
-    notes = (f"Raw GRPO on the tiny model, `{exp.feedback}` feedback, {exp.steps} steps of "
+    notes = (f"Raw GRPO on `{exp.policy}` (weights sha256 {results['setting']['model_sha256']}...), "
+             f"`{exp.feedback}` feedback, {exp.steps} steps of "
              f"{exp.tasks_per_step} tasks x {exp.group_size} samples (T = 1.0), lr {exp.lr}, KL 0.01 "
              f"(k3), seeds {list(exp.seeds)}; training problems and held-out tasks from task seed "
              f"{exp.task_seed} (the same for every seed); trained on split `{exp.train_split}`, "

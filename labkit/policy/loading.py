@@ -91,6 +91,27 @@ def resolve_spec(spec: str) -> Path:
     return path
 
 
+def weights_fingerprint(spec: str) -> str:
+    """The first 12 hex digits of the SHA-256 of a policy folder's weight files (their names
+    and bytes, in name order): which model a result was measured on, e.g. after the shipped
+    tiny model is rebuilt."""
+    import hashlib
+
+    folder = resolve_spec(spec)
+    files = sorted(p for p in folder.iterdir()
+                   if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+    if not files:
+        raise PolicyLoadError(f"policy folder {str(folder)!r} holds no weight files "
+                              "(*.safetensors, *.bin)")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:12]
+
+
 def check_config_json(folder: Path) -> None:
     """Raise :class:`PolicyLoadError` naming ``config.json`` when it is not a JSON object:
     transformers reads it first, for the tokenizer too, and would blame the tokenizer."""
