@@ -428,3 +428,29 @@ def test_reshaping_claim_needs_the_claimed_size_not_only_a_shown_gain():
     assert claim_verdict({"shown": True, "mean": 0.06, "relative_end": 0.40}) == "the blog's claim holds here"
     small = claim_verdict({"shown": True, "mean": 0.006, "relative_end": 0.032})
     assert "far smaller than the claim" in small and "+3.2%" in small
+
+
+def test_the_experiments_per_test_limit_passes_synthetic_references():
+    """The experiments' shorter per-test limit (``sandbox.test_timeout_s``) leaves every
+    synthetic reference passing (a sample of the val, test and two-bug val sets) and still
+    ends a looping candidate at that limit."""
+    import time
+
+    from labkit.env.records import Candidate
+    from labkit.env.sandbox import Sandbox
+    from labkit.env.tasks import load_tasks
+    from labkit.experiments import SYNTHETIC_TEST_TIMEOUT_S, ExperimentConfig, base_train_config
+
+    cfg = base_train_config(ExperimentConfig(), 0, "runs/x")
+    assert cfg.sandbox.test_timeout_s == SYNTHETIC_TEST_TIMEOUT_S < 1.0
+    tasks = (load_tasks("synthetic", split="val", n=40, seed=0) + load_tasks("synthetic", split="test", n=20, seed=0)
+             + load_tasks("synthetic", split="val", n=40, seed=0, n_bugs=2, multi_hunk=True))
+    with Sandbox(cfg.sandbox) as sb:
+        res = sb.run_many([Candidate(code=t.reference_code, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
+                           for t in tasks])
+        assert all(r.ok for r in res), [t.task_id for t, r in zip(tasks, res) if not r.ok]
+        t = tasks[0]
+        t0 = time.perf_counter()
+        loop = sb.run(Candidate(code=f"def {t.entry_point}(*a, **k):\n    while True:\n        pass\n",
+                                tests=t.tests, entry_point=t.entry_point, id="loop"))
+        assert loop.status.value == "timeout" and time.perf_counter() - t0 < 0.9

@@ -32,6 +32,7 @@ Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; tar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="tiny")
     p.add_argument("--decode-batch", type=int, default=None,
                    help="rows decoded together (sampling.batch_size; default: the experiments')")
+    p.add_argument("--test-timeout", type=float, default=None,
+                   help="the sandbox's per-test wall limit, s (sandbox.test_timeout_s; default: "
+                        "the experiments')")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be >= 2 (the first step is a warm-up)")
@@ -87,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
     if a.decode_batch:
         cfg.sampling.batch_size = a.decode_batch
+    if a.test_timeout:
+        cfg.sandbox = dataclasses.replace(cfg.sandbox, test_timeout_s=a.test_timeout)
     tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
     policy = load_policy(cfg.policy)
     trainer = Trainer(cfg, policy=policy, train_tasks=tasks, eval_tasks=[], overwrite=True)
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     d, ff = mcfg.hidden_size, mcfg.intermediate_size
     gflops = max(matmul_gflops(4096, d, ff), matmul_gflops(4096, ff, d), matmul_gflops(4096, d, d))
     floor_s = statistics.fmean(flops) / (gflops * 1e9)
+    timeouts = statistics.fmean(r.get("exec/timeout", 0.0) * len(b) for r, b in measured)
     out = {"step_s": round(step_s, 3), "floor_s": round(floor_s, 3),
            "ratio": round(step_s / floor_s, 2),
            "phases": {k: round(statistics.fmean(v), 3) for k, v in phases.items()},
@@ -143,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
            "completion_tokens": round(statistics.fmean(kept)),
            "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
+           "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
