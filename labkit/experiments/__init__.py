@@ -136,8 +136,9 @@ class ExperimentConfig:
 
 SYNTHETIC_TEST_TIMEOUT_S = 0.25
 """The experiments' per-test wall limit (``sandbox.test_timeout_s``; the sandbox's default
-is 1 s): at 1 s the one looping candidate most steps hold made the sandbox phase 0.9 s of a
-3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
+is 1 s). Synthetic references run in microseconds (all 1,463 of the val, test and two-bug
+val sets pass at it); at 1 s the one looping candidate most steps hold made the sandbox phase
+0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
 
 
 def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
@@ -150,8 +151,6 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
                   "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
                   "multi_hunk": exp.multi_hunk},
         "feedback": {"mode": exp.feedback},
-        # synthetic references run in microseconds (all 1,463 of the val, test and two-bug val
-        # sets pass at this limit): a candidate that loops costs a step 0.25 s, not 1 s
         "sandbox": {"test_timeout_s": SYNTHETIC_TEST_TIMEOUT_S},
         "loss": {"kl_coef": 0.01, "micro_batch_size": 32},
         "optim": {"lr": exp.lr},

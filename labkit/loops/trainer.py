@@ -494,14 +494,15 @@ class Trainer:
         mask = batch["completion_mask"]
         B = mask.shape[0]
         mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
+        subs = [select_rows(batch, mb) for mb in mbs]  # each only the columns its rows use
         ref_logp = None
         clock = {"reference": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         t0 = time.perf_counter()
         if cfg.kl_coef > 0:
             ref_logp = torch.zeros_like(mask)  # [B, T]
             with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
-                for mb in mbs:
-                    lp = sequence_logprobs(ref, select_rows(batch, mb), temperature)[0]
+                for mb, sub in zip(mbs, subs):
+                    lp = sequence_logprobs(ref, sub, temperature)[0]
                     ref_logp[mb, :lp.shape[1]] = lp
         clock["reference"] += time.perf_counter() - t0
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
@@ -516,9 +517,8 @@ class Trainer:
         acc: dict[str, list[float]] = defaultdict(list)
         for _ in range(cfg.epochs):
             self.opt.zero_grad(set_to_none=True)
-            for mb in mbs:
+            for mb, sub in zip(mbs, subs):
                 t0 = time.perf_counter()
-                sub = select_rows(batch, mb)  # only the columns these rows use
                 m = sub["completion_mask"]
                 t = m.shape[1]
                 logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, t]

@@ -98,11 +98,11 @@ def weights_fingerprint(spec: str) -> str:
     import hashlib
 
     folder = resolve_spec(spec)
-    files = sorted(p for p in folder.iterdir()
-                   if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+    suffixes = (".safetensors", ".bin", ".pt", ".pth")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in suffixes)
     if not files:
         raise PolicyLoadError(f"policy folder {str(folder)!r} holds no weight files "
-                              "(*.safetensors, *.bin)")
+                              f"({', '.join('*' + x for x in suffixes)})")
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0")

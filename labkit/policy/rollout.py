@@ -398,15 +398,14 @@ def select_rows(batch: dict, idx: Sequence[int]) -> dict:
     """
     P = batch["prompt_len"]
     rows = torch.as_tensor(list(idx), dtype=torch.long)
-    attn, cmask = batch["attention_mask"][rows], batch["completion_mask"][rows]
-    used = attn[:, :P].any(0).nonzero()
-    p0 = int(used[0]) if len(used) else P
-    done = cmask.any(0).nonzero()
-    t = int(done[-1]) + 1 if len(done) else 1
     out = {k: v[rows] for k, v in batch.items() if torch.is_tensor(v)}
+    used = out["attention_mask"][:, :P].any(0).nonzero()
+    p0 = int(used[0]) if len(used) else P
+    done = out["completion_mask"].any(0).nonzero()
+    t = int(done[-1]) + 1 if len(done) else 1
     for k in ("input_ids", "attention_mask", "position_ids"):
         out[k] = out[k][:, p0:P + t]
-    out["completion_mask"] = cmask[:, :t]
+    out["completion_mask"] = out["completion_mask"][:, :t]
     out["prompt_len"] = P - p0
     return out
 
