@@ -69,6 +69,11 @@ def forward_flops(cfg, tokens: int, context: float, logits_tokens: int) -> float
     return tokens * (2 * L * block + 4 * L * d * context) + logits_tokens * 2 * d * V
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    """``x`` rounded to ``digits`` significant figures (keeps small floors readable)."""
+    return float(f"{x:.{digits}g}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="labkit.bench step", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=3, help="steps run; the first is a warm-up")
@@ -143,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     gflops = max(matmul_gflops(4096, d, ff), matmul_gflops(4096, ff, d), matmul_gflops(4096, d, d))
     floor_s = statistics.fmean(flops) / (gflops * 1e9)
     timeouts = statistics.fmean(r.get("exec/timeout", 0.0) * len(b) for r, b in measured)
-    out = {"step_s": round(step_s, 3), "floor_s": round(floor_s, 3),
+    # Four significant figures, not three decimals: on a tiny batch the floor is a few ms and
+    # rounding it to 0.001 s would make the printed ratio disagree with step_s / floor_s.
+    out = {"step_s": _sig(step_s), "floor_s": _sig(floor_s),
            "ratio": round(step_s / floor_s, 2),
            "phases": {k: round(statistics.fmean(v), 3) for k, v in phases.items()},
            "flops": round(statistics.fmean(flops)), "matmul_gflops": round(gflops, 1),
