@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="tiny")
     p.add_argument("--decode-batch", type=int, default=None,
                    help="rows decoded together (sampling.batch_size; default: the experiments')")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="rows per update micro-batch (loss.micro_batch_size; default: the "
+                        "experiments')")
     p.add_argument("--test-timeout", type=float, default=None,
                    help="the sandbox's per-test wall limit, s (sandbox.test_timeout_s; default: "
                         "the experiments')")
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
     if a.decode_batch:
         cfg.sampling.batch_size = a.decode_batch
+    if a.micro_batch:
+        cfg.loss.micro_batch_size = a.micro_batch
     if a.test_timeout:
         cfg.sandbox = dataclasses.replace(cfg.sandbox, test_timeout_s=a.test_timeout)
     tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
@@ -158,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
            "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
-           "batch": f"{a.tasks} tasks x {a.group} samples", "measured_steps": len(measured),
+           "batch": f"{a.tasks} tasks x {a.group} samples",
+           "micro_batch": cfg.loss.micro_batch_size, "decode_batch": cfg.sampling.batch_size, "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
           f"{floor_s:.2f} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "
