@@ -189,8 +189,10 @@ def run(exp: Config) -> Path:
         f"{exp.eval_k} samples at T = 0.7. Only the advantage estimator differs: `grpo` (sequence "
         "advantage broadcast to tokens), `didpo` (A_E + lambda A_D over diff anchors, lambda 1), "
         f"`didpo_fork` (A_E + counterfactual-fork credit from an EMA baseline, at most "
-        f"{exp.fork_budget} forks per completion at `{exp.fork_strategy}` positions). Ablations on "
-        f"seeds {list(exp.ablation_seeds)}. `didpo_fork@wall`: the fork runs read at GRPO's wall time."
+        f"{exp.fork_budget} forks per completion at `{exp.fork_strategy}` positions)."
+        + (f" Ablations ({', '.join(exp.ablations)}) on seeds {list(exp.ablation_seeds)}."
+           if exp.ablations else " No ablations.")
+        + " `didpo_fork@wall`: the fork runs read at GRPO's wall time."
         + (f" `didpo_fork` runs {exp.fork_steps} steps (its cost per step is several of GRPO's)."
            if exp.fork_steps else "")
         + (f" The ablations run {exp.ablation_steps} steps: compare them with the main methods' "
