@@ -163,11 +163,11 @@ def main(argv: list[str] | None = None) -> int:
            "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
-           "batch": f"{a.tasks} tasks x {a.group} samples",
-           "micro_batch": cfg.loss.micro_batch_size, "decode_batch": cfg.sampling.batch_size, "measured_steps": len(measured),
+           "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
+           "decode_batch": cfg.sampling.batch_size, "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
-          f"{floor_s:.2f} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "
+          f"{out['floor_s']} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "
           f"{out['ratio']}")
     for k, v in out["phases"].items():
         print(f"  {k:<18} {v:7.3f} s")
