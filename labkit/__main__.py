@@ -222,7 +222,8 @@ def cmd_eval(args) -> int:
           f"T={cfg.temperature}")
     print(pd.Series(rep["by_bug_kinds"], name="pass@1 by bug kind").to_string())
     rows = {f"{args.source}/{args.split}": rep, **ood_reps}
-    keys = ("tasks", "pass_at_1", f"pass_at_{cfg.k}", "token_entropy", "zero_var_groups_frac")
+    keys = ("tasks", "pass_at_1", f"pass_at_{cfg.k}", "token_entropy", "zero_var_groups_frac",
+            "name_kept_rate")
     print(pd.DataFrame({name: {k: r.get(k) for k in keys} for name, r in rows.items()}).T
           .to_string(float_format=lambda x: f"{x:.3f}"))
     summary = {k: v for k, v in rep.items() if k != "per_task"}

@@ -2,7 +2,9 @@
 
 import random
 
-from labkit.env.augment import identifiers, rename_identifiers
+import pytest
+from labkit.env.augment import identifiers, name_words, rename_identifiers
+from labkit.env.feedback import defines_entry_point
 from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
@@ -28,3 +30,42 @@ def test_renamed_tasks_stay_valid_and_use_no_old_name():
         assert f"def {new.entry_point}(" in new.prompt and f">>> {new.entry_point}(" in new.prompt
         # the same fix: the two programs differ by the same lines, up to names
         assert old.reference_code.count("\n") == new.reference_code.count("\n")
+
+
+def test_compound_names_are_snake_case_from_the_pool_and_the_task_stays_valid():
+    tasks = load_tasks("synthetic", "train", n=12, seed=0)
+    words = name_words(t.prompt for t in tasks)
+    assert words == sorted(words) and all(w.isalpha() and w.islower() and 3 <= len(w) <= 10 for w in words)
+    renamed = [rename_identifiers(t, random.Random(i), style="compound", words=words) for i, t in enumerate(tasks)]
+    with Sandbox() as sb:
+        ref = sb.run_many([Candidate(t.reference_code, t.tests, t.entry_point) for t in renamed])
+    assert all(r.ok for r in ref)
+    parts = [t.entry_point.split("_") for t in renamed]
+    assert all(2 <= len(p) <= 4 for p in parts)
+    assert any(w in words for p in parts for w in p)  # half the parts are real words
+    for old, new in zip(tasks, renamed):
+        assert f"def {new.entry_point}(" in new.prompt and f"def {new.entry_point}(" in new.reference_code
+        assert old.entry_point not in identifiers(new.reference_code)
+
+
+def test_short_style_is_the_default_and_an_unknown_style_is_refused():
+    task = load_tasks("synthetic", "train", n=1, seed=0)[0]
+    assert rename_identifiers(task, random.Random(3)) == rename_identifiers(task, random.Random(3), style="short")
+    assert "_" not in rename_identifiers(task, random.Random(3)).entry_point
+    with pytest.raises(ValueError, match="rename style 'long'"):
+        rename_identifiers(task, random.Random(3), style="long")
+
+
+def test_defines_entry_point_reads_the_name_even_from_broken_code():
+    assert defines_entry_point("def helper(x):\n    return x\n\ndef f(xs):\n    return xs\n", "f")
+    assert not defines_entry_point("def f_2(xs):\n    return xs\n", "f")
+    assert defines_entry_point("def f(xs):\n    return xs +\n", "f")  # does not parse
+    assert not defines_entry_point("    def f(x):\n        pass\n", "f")  # not top level
+
+
+def test_pretrain_refuses_an_unknown_rename_style_before_building_data(tmp_path):
+    from labkit.policy.pretrain import PretrainConfig, pretrain_tiny
+
+    with pytest.raises(ValueError, match="rename_style 'long': expected one of short, compound"):
+        pretrain_tiny(PretrainConfig(out=str(tmp_path / "m"), rename_style="long"))
+    assert not (tmp_path / "m").exists()

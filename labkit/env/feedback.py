@@ -41,6 +41,7 @@ import io
 import json
 import math
 import random
+import re
 import subprocess
 import tempfile
 import tokenize
@@ -241,6 +242,14 @@ def normalise_code(code: str) -> str:
 def is_noop(buggy: str, candidate: str) -> bool:
     """True when the candidate is the buggy program unchanged (up to normalisation)."""
     return normalise_code(buggy) == normalise_code(candidate)
+
+
+def defines_entry_point(candidate: str, entry_point: str) -> bool:
+    """True when the candidate has a top-level ``def entry_point(``: the repair kept the
+    function's name. A small model that garbles a long name (``reverse_without_s`` for
+    ``reverse_without_vowels``) fails every test however good the body, so evaluation reports
+    how often names come through. Read from the text, so it works on code that does not parse."""
+    return re.search(rf"^def\s+{re.escape(entry_point)}\s*\(", candidate, flags=re.MULTILINE) is not None
 
 
 def _label(n: ast.AST) -> str:

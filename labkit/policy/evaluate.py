@@ -6,6 +6,8 @@ one greedy completion), runs every extracted program in the sandbox, and reports
 * ``pass_at_1``: the unbiased pass@1 of the sampled completions (the mean pass rate),
 * ``pass_at_k`` for k in {1, 2, 4, 8, ...} up to ``k`` (Chen et al. 2021 estimator),
 * ``greedy_pass_at_1``, the copy rate (the completion is the buggy code unchanged),
+* ``name_kept_rate``: the share of samples that define the entry point under its own name
+  (a garbled name fails every test, whatever the body),
 * ``token_entropy``: the mean per-token entropy of the sampling distribution in nats,
   estimated without a second forward as the mean of ``-log pi(y_t)`` over the sampled tokens
   (an unbiased estimate: ``E_y[-log pi(y)] = H(pi)``, at the sampling temperature),
@@ -21,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from labkit.env.feedback import is_noop
+from labkit.env.feedback import defines_entry_point, is_noop
 from labkit.env.records import Candidate, RepairTask
 from labkit.env.sandbox import default_sandbox
 from labkit.policy.rollout import SamplingConfig, pass_at_k, sample
@@ -84,6 +86,7 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
             "task_id": t.task_id, "bug_kinds": ",".join(t.bug_kinds),
             "family": t.meta.get("family", t.source), "n": cfg.k, "correct": c,
             "pass_at_1": c / cfg.k, "copies": sum(is_noop(t.buggy_code, r.code) for r in ro),
+            "names_kept": sum(defines_entry_point(r.code, t.entry_point) for r in ro),
             "mean_tests": sum(r.fraction for r in rs) / cfg.k,
             "greedy_ok": greedy_ok.get(t.task_id),
             "all_equal": len(set(fractions)) == 1,
@@ -96,6 +99,7 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
         "pass_at_1": sum(p["pass_at_1"] for p in per_task) / n,
         **{f"pass_at_{k}": sum(pass_at_k(cfg.k, p["correct"], k) for p in per_task) / n for k in ks},
         "copy_rate": sum(p["copies"] for p in per_task) / (n * cfg.k),
+        "name_kept_rate": sum(p["names_kept"] for p in per_task) / (n * cfg.k),
         "mean_tests_passed": sum(p["mean_tests"] for p in per_task) / n,
         "token_entropy": sum(p["nll_sum"] for p in per_task) / max(1, sum(p["tokens"] for p in per_task)),
         "zero_var_groups_frac": sum(p["all_equal"] for p in per_task) / n,

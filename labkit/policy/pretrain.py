@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.config import to_record
-from labkit.env.augment import rename_identifiers
+from labkit.env.augment import RENAME_STYLES, name_words, rename_identifiers
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
@@ -57,6 +57,11 @@ class PretrainConfig:
     can then only be copied from the buggy code, which teaches copying instead of writing the
     function from its description (3 since variant G: held-out pass@1 0.142 -> 0.197 against
     1 copy, docs/tiny_model.md)."""
+    rename_style: str = "short"
+    """How renamed copies name things (``labkit.env.augment.RENAME_STYLES``): ``short`` (one
+    pseudo-word per name, the shipped model's) or ``compound`` (the function two to four
+    snake-case parts, half of them real words of the SFT data: a probe of whether held-out
+    names of several words, which the model often garbles, come through better)."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -133,6 +138,8 @@ def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int =
 def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     import torch
 
+    if cfg.rename_style not in RENAME_STYLES:
+        raise ValueError(f"rename_style {cfg.rename_style!r}: expected one of {', '.join(RENAME_STYLES)}")
     seed_everything(cfg.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     t_start = time.time()
@@ -148,7 +155,9 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     he = load_tasks("humaneval", split="train", seed=cfg.seed,
                     bugs_per_problem=cfg.humaneval_bugs_per_problem)
     rng = random.Random(f"labkit-pretrain-rename:{cfg.seed}")
-    renamed = [rename_identifiers(t, rng) for t in syn for _ in range(cfg.renamed_copies)]
+    words = name_words(t.prompt for t in syn) if cfg.rename_style == "compound" else ()
+    renamed = [rename_identifiers(t, rng, style=cfg.rename_style, words=words)
+               for t in syn for _ in range(cfg.renamed_copies)]
     pairs = _pairs(syn) + _pairs(renamed) + _pairs(he)
     sft_templates = sorted({t.meta["template"] for t in syn})
     timings["data_s"] = round(time.time() - t0, 1)
