@@ -111,7 +111,7 @@ def run_labkit(model_dir: Path, tasks, args, out_dir: Path) -> dict:
         "tasks": {"source": "records", "eval_tasks": 0},
         "loss": {"kl_coef": 0.0, "epochs": 1, "agg": "token-mean", "dual_clip": None,
                  "micro_batch_size": args.prompts * args.group},
-        "optim": {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0},
+        "optim": {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "fused": args.fused},
         "eval_every": 0, "checkpoint_every": 10**6, "log_rollouts": 0,
     })
     rewards: list[float] = []
@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of each trainer, alternated (medians pool their steps)")
     p.add_argument("--engine", choices=["lean", "loop", "generate"], default="lean",
                    help="labkit's sampling engine (SamplingConfig.engine)")
+    p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
+                   help="labkit's fused AdamW kernel (OptimConfig.fused; TRL's default optimiser is fused too)")
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="labkit-bench-trl-") as tmp:
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     out["trl_reward_first_last"] = [round(trl["first_reward"], 4), round(trl["last_reward"], 4)]
     out["torch_threads"] = torch.get_num_threads()
     out["labkit_engine"] = args.engine
+    out["labkit_fused_adamw"] = args.fused
     print(f"labkit {out['labkit_step_s']} s/step, TRL {out['trl_step_s']} s/step "
           f"(median after {args.warmup} warm-up steps, {args.repeats} alternated runs each): ratio {out['ratio']} (target <= 0.6, goal 0.5)")
     print(json.dumps(out))
