@@ -339,12 +339,12 @@ def test_fused_adamw_makes_the_same_update_as_the_per_parameter_loop(random_mode
     def reward(tasks, rollouts):
         return [{"r_test": float(i % 3 == 0), "r_pass": float(i % 3 == 0)} for i in range(len(rollouts))]
 
-    params = {}
+    params, start = {}, None
     for fused in (True, False):
         cfg = _cfg(tmp_path / str(fused), random_model_dir, steps=2)
         cfg.optim.fused = fused
         tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[], reward_fn=reward)
-        start = {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}
+        start = start or {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}
         tr.train(progress=False)
         tr.close()
         assert (tr.opt.defaults["fused"] is True) == fused

@@ -113,9 +113,10 @@ class OptimConfig:
     the norm before clipping)."""
     fused: bool = True
     """Torch's fused AdamW kernel (``fused=True``: one kernel over all parameters, on CPU and
-    CUDA) instead of its per-parameter loop: the same update up to float rounding, cheaper
-    where a step's parameters are many small tensors (the tiny model's optimiser step, 38
-    tensors). HF's Trainer (so TRL) uses the fused kernel by default too."""
+    CUDA). False leaves the choice to torch: a per-parameter loop on CPU, ``foreach`` on CUDA.
+    The same update up to float rounding; fused is cheaper where a step's parameters are many
+    small tensors (the tiny model's optimiser step, 38 tensors). HF's Trainer (so TRL) uses
+    the fused kernel by default too."""
 
 
 @dataclass
