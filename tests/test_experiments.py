@@ -105,7 +105,8 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
 
 def test_finished_runs_are_recognised_and_summarised(tmp_path):
     from labkit.config import to_dict
-    from labkit.experiments import ExperimentConfig, base_train_config, finished_run, summarise_run
+    from labkit.experiments import (ExperimentConfig, base_train_config, finished_run, record_weights,
+                                    summarise_run)
 
     exp = ExperimentConfig(steps=2, eval_every=1)
     cfg = base_train_config(exp, 0, str(tmp_path))
@@ -127,6 +128,12 @@ def test_finished_runs_are_recognised_and_summarised(tmp_path):
     assert summarise_run(tmp_path, 0, upto=1)["curve"] == [[0, 0.4], [1, 0.45]]
     shorter.optim.schedule = "cosine"  # the lr at step 1 would depend on the total: no prefix
     assert not finished_run(tmp_path, shorter, prefix=True)
+    # the config names the policy ("tiny"), not its weights: a run records their fingerprint
+    assert not finished_run(tmp_path, cfg, weights="01b625e45bd3")  # no record: another model
+    record_weights(tmp_path, "01b625e45bd3")
+    assert finished_run(tmp_path, cfg, weights="01b625e45bd3")
+    assert not finished_run(tmp_path, cfg, weights="03d98fdca54b")  # the shipped model changed
+    assert not finished_run(tmp_path, shorter, prefix=True, weights="03d98fdca54b")
     cfg.optim.lr = 1.0  # another config: train again
     assert not finished_run(tmp_path, cfg)
     s = summarise_run(tmp_path, 0)
@@ -148,7 +155,7 @@ def test_didpo_fork_and_ablation_steps_set_their_budgets_only():
 
 def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     from labkit.config import to_dict
-    from labkit.experiments import ExperimentConfig, base_train_config, prepare_run_dir
+    from labkit.experiments import ExperimentConfig, base_train_config, prepare_run_dir, record_weights
 
     run = tmp_path / "seed0"
     cfg = base_train_config(ExperimentConfig(steps=6), 0, str(run))
@@ -165,9 +172,18 @@ def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
     (run / "checkpoints" / "step_000002" / "COMPLETE").write_text("ok\n")
     assert prepare_run_dir(run, cfg) is True  # same config, a checkpoint: resume
-    cfg.optim.lr = 1.0
+    record_weights(run, "01b625e45bd3")
+    assert prepare_run_dir(run, cfg, weights="01b625e45bd3") is True  # and the same model
+    lr0, cfg.optim.lr = cfg.optim.lr, 1.0
     assert prepare_run_dir(run, cfg) is False  # another config: moved aside, not appended to
     assert (tmp_path / "seed0.replaced-2" / "config.json").exists() and not run.exists()
+    cfg.optim.lr = lr0
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "COMPLETE").write_text("ok\n")
+    (run / "config.json").write_text(json.dumps(to_dict(cfg)))
+    record_weights(run, "03d98fdca54b")
+    assert prepare_run_dir(run, cfg, weights="01b625e45bd3") is False  # another starting model
+    assert (tmp_path / "seed0.replaced-3" / "weights.json").exists() and not run.exists()
 
 
 def test_report_rewrite_keeps_the_hand_written_commentary(tmp_path):

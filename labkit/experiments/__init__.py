@@ -167,6 +167,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     trains the identical configuration: a finished run of it is reused instead of trained
     again (the config, run folder aside, must match exactly)."""
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
+    weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
     for method, make in methods.items():
         per_seed = []
         for seed in exp.seeds:
@@ -178,9 +179,9 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
             done = None
             if exp.reuse_finished:
-                if finished_run(run_dir, cfg):
+                if finished_run(run_dir, cfg, weights=weights):
                     done = run_dir
-                elif alias and finished_run(alias, cfg, prefix=True):
+                elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
                     done = alias
             if done:
                 per_seed.append(summarise_run(done, seed, upto=cfg.steps))
@@ -188,8 +189,9 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                       f"{cfg.steps} steps)", flush=True)
                 continue
             t0 = time.time()
-            resume = prepare_run_dir(run_dir, cfg)
+            resume = prepare_run_dir(run_dir, cfg, weights=weights)
             tr = Trainer(cfg)
+            record_weights(run_dir, weights)
             if resume:
                 print(f"{method} seed {seed}: resuming {run_dir} from step {tr.resume()}", flush=True)
             tr.train(progress=True)
@@ -318,15 +320,40 @@ def paired_lines(results: dict) -> list[str]:
     return lines + [""] if lines else []
 
 
-def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
+WEIGHTS_FILE = "weights.json"
+"""Beside a run's ``config.json``: the fingerprint of the starting policy's weights
+(:func:`labkit.policy.loading.weights_fingerprint`). The config names the policy (``tiny``),
+not its weights; when the shipped model is rebuilt, a run of the old one must not be reused."""
+
+
+def record_weights(run_dir: str | Path, weights: str) -> None:
+    """Write :data:`WEIGHTS_FILE` into ``run_dir``."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    Path(run_dir, WEIGHTS_FILE).write_text(json.dumps({"weights_sha256": weights}) + "\n")
+
+
+def _same_weights(run_dir: Path, weights: str | None) -> bool:
+    """``weights`` is None (not checked), or the run recorded the same fingerprint (a run
+    without a record, from before runs recorded it, counts as another model)."""
+    if weights is None:
+        return True
+    try:
+        return json.loads((run_dir / WEIGHTS_FILE).read_text()).get("weights_sha256") == weights
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig, weights: str | None = None) -> bool:
     """Before training ``cfg`` in ``run_dir``: True if the folder holds an unfinished run of
-    the same config with a complete checkpoint (resume it). A folder holding anything else
-    (another config, or no checkpoint to resume from) is moved aside to
-    ``<run_dir>.replaced-<n>``, never overwritten or appended to; returns False."""
+    the same config (and, when ``weights`` is given, the same starting weights) with a
+    complete checkpoint (resume it). A folder holding anything else (another config or
+    model, or no checkpoint to resume from) is moved aside to ``<run_dir>.replaced-<n>``,
+    never overwritten or appended to; returns False."""
     d = Path(run_dir)
     if not d.exists() or not any(d.iterdir()):
         return False
-    if _saved_config(d) == _as_json(cfg) and latest_checkpoint(d) is not None:
+    if (_saved_config(d) == _as_json(cfg) and _same_weights(d, weights)
+            and latest_checkpoint(d) is not None):
         return True
     n = 1
     while d.with_name(f"{d.name}.replaced-{n}").exists():
@@ -336,16 +363,18 @@ def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig) -> bool:
     return False
 
 
-def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False) -> bool:
+def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False,
+                 weights: str | None = None) -> bool:
     """True when ``run_dir`` holds a run of exactly ``cfg`` (wherever its folder was) that
-    reached ``cfg.steps`` and logged its final evaluation.
+    reached ``cfg.steps`` and logged its final evaluation; with ``weights``, also one that
+    started from the weights of that fingerprint (:data:`WEIGHTS_FILE`).
 
     ``prefix``: also accept a longer finished run of the same config that evaluated at step
     ``cfg.steps``, when the learning rate is constant without warm-up: its first
     ``cfg.steps`` steps are then exactly a ``cfg.steps``-step run (everything random derives
     from ``(seed, step)``), read with ``summarise_run(..., upto=cfg.steps)``."""
     theirs = _saved_config(Path(run_dir))
-    if theirs is None:
+    if theirs is None or not _same_weights(Path(run_dir), weights):
         return False
     run = RunFolder(run_dir)
     steps, evals, ours = run.read("metrics.jsonl"), run.read("eval.jsonl"), _as_json(cfg)
@@ -476,6 +505,7 @@ def save_figure(fig, out: Path, name: str, width: int = 900, height: int = 500):
         fig.write_image(str(png), width=width, height=height)
     except Exception as e:  # noqa: BLE001 - kaleido needs a Chrome; report and keep the HTML
         print(f"PNG export skipped: {type(e).__name__}: {e}")
+        png.unlink(missing_ok=True)  # never leave an earlier run's picture beside this page
         png = None
     return html, png
 
