@@ -57,11 +57,12 @@ class PretrainConfig:
     can then only be copied from the buggy code, which teaches copying instead of writing the
     function from its description (3 since variant G: held-out pass@1 0.142 -> 0.197 against
     1 copy, docs/tiny_model.md)."""
-    rename_style: str = "short"
-    """How renamed copies name things (``labkit.env.augment.RENAME_STYLES``): ``short`` (one
-    pseudo-word per name, the shipped model's) or ``compound`` (the function two to four
-    snake-case parts, half of them real words of the SFT data: a probe of whether held-out
-    names of several words, which the model often garbles, come through better)."""
+    rename_style: str = "compound"
+    """How renamed copies name things (``labkit.env.augment.RENAME_STYLES``): ``compound``
+    (the shipped model's since variant H: the function two to four snake-case parts, half of
+    them real words of the SFT data) or ``short`` (one pseudo-word per name, variant G's).
+    Compound names taught the model to copy held-out names of several words, which G often
+    garbled: names kept 0.554 -> 0.948, held-out pass@1 0.197 -> 0.310 (docs/tiny_model.md)."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -196,6 +197,9 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     }
     if cfg.eval_humaneval_tasks:
         sets["humaneval_test"] = sets["humaneval_test"][: cfg.eval_humaneval_tasks]
+    for name in [k for k, tasks in sets.items() if not tasks]:  # e.g. no two-bug task validated
+        print(f"eval: {name} skipped (no tasks at this size)", flush=True)
+        del sets[name]
     with Sandbox() as sb:
         quality = {name: evaluate(policy, tasks, ecfg, sandbox=sb, progress=True)
                    for name, tasks in sets.items()}
