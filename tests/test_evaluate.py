@@ -40,3 +40,11 @@ def test_evaluate_summary_matches_a_recount_of_the_same_samples(toy_model_dir):
             kept += r.code.startswith(f"def {t.entry_point}(")
     assert rep["name_kept_rate"] == kept / 16
     assert sum(p["names_kept"] for p in per) == kept
+
+
+def test_evaluate_refuses_an_empty_task_list_with_a_clear_error(toy_model_dir):
+    import pytest
+
+    policy = load_policy(str(toy_model_dir), reference="none")
+    with pytest.raises(ValueError, match="no tasks to evaluate"):
+        evaluate(policy, [], EvalConfig(k=2, greedy=False))

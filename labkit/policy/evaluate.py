@@ -64,6 +64,9 @@ def _run(policy, tasks, cfg: SamplingConfig, sandbox, progress):
 def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = None, *,
              sandbox=None, progress: bool = False) -> dict:
     cfg = config or EvalConfig()
+    if not tasks:
+        raise ValueError("evaluate: no tasks to evaluate (the task list is empty); "
+                         "ask for more problems or another split")
     if sandbox is None:
         sandbox = default_sandbox()
     scfg = SamplingConfig(group_size=cfg.k, temperature=cfg.temperature,
