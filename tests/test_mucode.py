@@ -159,3 +159,16 @@ def test_mucode_cli_errors(tmp_path, capsys):
     assert main(["mucode", "--config", str(tmp_path / "missing.yaml")]) == 2
     with pytest.raises(SystemExit):
         main(["mucode", "--bogus"])
+
+
+def test_a_cached_seed_result_belongs_to_the_starting_weights(toy_model_dir, random_model_dir):
+    """A seed's ``result.json`` is reused only for the same settings *and* weights: the config
+    names the policy (``tiny``), and the shipped model behind that name can be rebuilt."""
+    from labkit.experiments.mucode import Config, _fingerprint
+
+    a = _fingerprint(Config(policy=str(toy_model_dir)), 0)
+    assert a == _fingerprint(Config(policy=str(toy_model_dir), out="elsewhere"), 0)
+    other = _fingerprint(Config(policy=str(random_model_dir)), 0)
+    assert other["weights_sha256"] != a["weights_sha256"]
+    assert {k: v for k, v in other.items() if k not in ("policy", "weights_sha256")} == \
+        {k: v for k, v in a.items() if k not in ("policy", "weights_sha256")}

@@ -47,7 +47,7 @@ from labkit.experiments import stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
 from labkit.loops.verifier import VerifierConfig, build_verifier, ranking_metrics, train_verifier
-from labkit.policy.loading import PolicyConfig, load_policy
+from labkit.policy.loading import PolicyConfig, load_policy, weights_fingerprint
 from labkit.policy.sft import SFTConfig
 from labkit.seeding import derive_seed
 
@@ -169,8 +169,11 @@ _NOT_IN_RESULT = ("seeds", "out", "threads", "run_root")
 
 
 def _fingerprint(cfg: Config, seed: int) -> dict:
+    """What decides a seed's result: the settings, the seed and the starting policy's weights
+    (``policy`` names a folder, ``tiny`` whichever model is shipped)."""
     rec = to_record(cfg)
-    return {**{k: v for k, v in rec.items() if k not in _NOT_IN_RESULT}, "seed": seed}
+    return {**{k: v for k, v in rec.items() if k not in _NOT_IN_RESULT}, "seed": seed,
+            "weights_sha256": weights_fingerprint(cfg.policy)}
 
 
 def _fits(policy, task, max_new_tokens: int) -> bool:
