@@ -470,3 +470,11 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
         loop = sb.run(Candidate(code=f"def {t.entry_point}(*a, **k):\n    while True:\n        pass\n",
                                 tests=t.tests, entry_point=t.entry_point, id="loop"))
         assert loop.status.value == "timeout" and time.perf_counter() - t0 < 0.9
+
+
+def test_the_training_sampler_temperature_reaches_the_runs_and_the_report():
+    from labkit.experiments import ExperimentConfig, base_train_config
+
+    assert base_train_config(ExperimentConfig(), 0, "r").sampling.temperature == 1.0
+    hot = base_train_config(ExperimentConfig(temperature=1.3), 0, "r")
+    assert hot.sampling.temperature == 1.3 and hot.eval_temperature == 0.7  # evaluation stays

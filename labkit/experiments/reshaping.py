@@ -62,7 +62,7 @@ def run(exp: Config) -> Path:
                  "seeds": list(exp.seeds), "regimes": {}}
     lines = ["# Raw vs reshaped GRPO under weak feedback", "",
              f"Tiny model, {exp.steps} steps of {exp.tasks_per_step} tasks x {exp.group_size} samples "
-             f"(T = 1.0), lr {exp.lr}, KL 0.01; seeds {list(exp.seeds)}; training problems and held-out "
+             f"(T = {exp.temperature}), lr {exp.lr}, KL 0.01; seeds {list(exp.seeds)}; training problems and held-out "
              f"tasks from task seed {exp.task_seed}; held-out split `{exp.split}` (templates training "
              "never saw), always graded on the hidden tests. `raw_grpo`: reward = what the regime "
              "tells; `reshaped_grpo`: the blog's composite reward (gated precision 0.2, style 0.1, "
