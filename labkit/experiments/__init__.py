@@ -205,15 +205,16 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
         results["methods"][method] = summarise_method(per_seed)
-    results["setting"] = setting(exp)
+    results["setting"] = setting(exp, weights)
     results["seeds"] = list(exp.seeds)
     return results
 
 
-def setting(exp: ExperimentConfig) -> dict:
-    """What every results file says first: split, feedback regime, model, budget, seeds."""
+def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
+    """What every results file says first: split, feedback regime, model, budget, seeds.
+    ``weights``: the policy's fingerprint when the caller has it (else it is computed)."""
     return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback,
-            "model": exp.policy, "model_sha256": weights_fingerprint(exp.policy),
+            "model": exp.policy, "model_sha256": weights or weights_fingerprint(exp.policy),
             "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
             "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
             "task_seed": exp.task_seed, "seeds": list(exp.seeds),

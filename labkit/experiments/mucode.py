@@ -168,12 +168,13 @@ class Config:
 _NOT_IN_RESULT = ("seeds", "out", "threads", "run_root")
 
 
-def _fingerprint(cfg: Config, seed: int) -> dict:
+def _fingerprint(cfg: Config, seed: int, weights: str | None = None) -> dict:
     """What decides a seed's result: the settings, the seed and the starting policy's weights
-    (``policy`` names a folder, ``tiny`` whichever model is shipped)."""
+    (``policy`` names a folder, ``tiny`` whichever model is shipped; ``weights``: their
+    fingerprint when the caller has it, else it is computed)."""
     rec = to_record(cfg)
     return {**{k: v for k, v in rec.items() if k not in _NOT_IN_RESULT}, "seed": seed,
-            "weights_sha256": weights_fingerprint(cfg.policy)}
+            "weights_sha256": weights or weights_fingerprint(cfg.policy)}
 
 
 def _fits(policy, task, max_new_tokens: int) -> bool:
@@ -242,11 +243,12 @@ def _nanmean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox) -> dict:
+def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
+              weights: str | None = None) -> dict:
     """One training seed: expert iteration, the BCE verifier, both generators evaluated."""
     folder = Path(cfg.run_root) / f"seed{seed}"
     cache = folder / "result.json"
-    want = _fingerprint(cfg, seed)
+    want = _fingerprint(cfg, seed, weights)
     if cache.exists():
         old = json.loads(cache.read_text())
         if old.get("fingerprint") == json.loads(json.dumps(want)):
@@ -372,9 +374,10 @@ def run(cfg: Config) -> Path:
         he_n_fit = len(he_fit)
         he_fit = he_fit[: cfg.humaneval_tasks]
     per_seed = {}
+    weights = weights_fingerprint(cfg.policy)  # once: it reads every weight file
     with Sandbox() as sandbox:
         for seed in cfg.seeds:
-            per_seed[seed] = _run_seed(cfg, seed, train, syn_eval, he_fit, start, sandbox)
+            per_seed[seed] = _run_seed(cfg, seed, train, syn_eval, he_fit, start, sandbox, weights)
     summary = summarise(per_seed, [t.task_id for t in syn_eval], leaked)
     results = {
         "experiment": "mucode", "config": to_record(cfg),

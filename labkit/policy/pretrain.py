@@ -197,9 +197,9 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     }
     if cfg.eval_humaneval_tasks:
         sets["humaneval_test"] = sets["humaneval_test"][: cfg.eval_humaneval_tasks]
-    for name in [k for k, tasks in sets.items() if not tasks]:  # e.g. no two-bug task validated
+    for name in (k for k, tasks in sets.items() if not tasks):  # e.g. no two-bug task validated
         print(f"eval: {name} skipped (no tasks at this size)", flush=True)
-        del sets[name]
+    sets = {name: tasks for name, tasks in sets.items() if tasks}
     with Sandbox() as sb:
         quality = {name: evaluate(policy, tasks, ecfg, sandbox=sb, progress=True)
                    for name, tasks in sets.items()}
