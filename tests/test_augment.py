@@ -69,3 +69,30 @@ def test_pretrain_refuses_an_unknown_rename_style_before_building_data(tmp_path)
     with pytest.raises(ValueError, match="rename_style 'long': expected one of short, compound"):
         pretrain_tiny(PretrainConfig(out=str(tmp_path / "m"), rename_style="long"))
     assert not (tmp_path / "m").exists()
+
+
+def test_relabelled_tasks_return_fresh_labels_and_stay_valid_by_execution():
+    from labkit.env.augment import relabel_strings, string_labels
+
+    assert string_labels('def f(n):\n    if n:\n        return "near"\n    return "far"\n') == ["near", "far"]
+    assert string_labels('def f(n):\n    return str(n)\n') == []
+    tasks = [t for t in load_tasks("synthetic", "train", n=300, seed=0) if string_labels(t.reference_code)]
+    assert len(tasks) >= 5
+    words = name_words(t.prompt for t in tasks)
+    relabelled = [relabel_strings(t, random.Random(i), words=words) for i, t in enumerate(tasks)]
+    with Sandbox() as sb:
+        ref = sb.run_many([Candidate(t.reference_code, t.tests, t.entry_point) for t in relabelled])
+        public = sb.run_many([Candidate(t.reference_code, t.public_tests, t.entry_point) for t in relabelled])
+        bug = sb.run_many([Candidate(t.buggy_code, t.tests, t.entry_point) for t in relabelled])
+        # the old reference no longer passes: the tests expect the new labels
+        old = sb.run_many([Candidate(o.reference_code, t.tests, t.entry_point) for o, t in zip(tasks, relabelled)])
+    assert all(r.ok for r in ref) and all(r.ok for r in public) and not any(b.ok for b in bug)
+    assert not any(r.ok for r in old)
+    for o, t in zip(tasks, relabelled):
+        assert t.task_id == o.task_id + "~relabelled" and t.entry_point == o.entry_point
+        new = string_labels(t.reference_code)
+        assert len(new) == len(string_labels(o.reference_code)) and not set(new) & set(string_labels(o.reference_code))
+        assert all(f'"{w}"' in t.prompt or f"'{w}'" in t.prompt for w in new)  # the description still says
+    other = load_tasks("synthetic", "train", n=40, seed=0)
+    plain = next(t for t in other if not string_labels(t.reference_code))
+    assert relabel_strings(plain, random.Random(0)) is plain

@@ -7,7 +7,9 @@ it never learnt the one skill a repair needs everywhere, copying the code it is 
 changing only the bug. :func:`rename_identifiers` renames the function, its parameters and
 its local variables to fresh random names, consistently in the prompt (signature, docstring,
 examples), the buggy code and the reference: the fix is unchanged, but the names can only
-come from the input.
+come from the input. :func:`relabel_strings` does the same for the string labels a function
+returns (``"above"``, ``"below"``): a model that has learnt one template's labels by heart
+writes them into another's, unless the labels, too, could only ever be copied.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import random
 import re
 from typing import Iterable, Sequence
 
-from labkit.env.records import RepairTask
+from labkit.env.records import RepairTask, TestSuite
 
 _CONSONANTS = "bcdfghjklmnprstvwxz"
 _VOWELS = "aeiou"
@@ -112,3 +114,61 @@ def rename_identifiers(task: RepairTask, rng: random.Random, *, style: str = "sh
         task, task_id=f"{task.task_id}~renamed", prompt=sub(task.prompt),
         buggy_code=sub(task.buggy_code), reference_code=sub(task.reference_code),
         entry_point=mapping.get(task.entry_point, task.entry_point))
+
+
+_LABEL = re.compile(r"[a-z][a-z_]{1,15}")
+
+
+def string_labels(code: str) -> list[str]:
+    """The word-like string constants ``code`` returns (``return "near"``), in order of first
+    appearance: the labels of a classifier. Empty when the code does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return []
+    found: dict[str, None] = {}
+    for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Return)),
+                       key=lambda n: (n.lineno, n.col_offset)):
+        if (isinstance(node, ast.Return) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str) and _LABEL.fullmatch(node.value.value)):
+            found.setdefault(node.value.value)
+    return list(found)
+
+
+def relabel_strings(task: RepairTask, rng: random.Random, *, words: Sequence[str] = ()) -> RepairTask:
+    """``task`` with the string labels its reference returns (:func:`string_labels`) replaced
+    by fresh words, wherever they appear quoted (``"near"`` or ``'near'``) in the prompt, the
+    buggy code and the reference, and in the expected values of its tests, so the relabelled
+    reference passes the relabelled tests (checked by execution in the tests). A label counts
+    only if the prompt quotes it: the description must still say what to return. New labels
+    are a word of ``words`` half the time (:func:`name_words`), else a pseudo-word. Tasks
+    without such labels come back unchanged; others get a ``~relabelled`` suffix."""
+    texts = (task.prompt, task.buggy_code, task.reference_code)
+    labels = [w for w in string_labels(task.reference_code)
+              if f'"{w}"' in task.prompt or f"'{w}'" in task.prompt]
+    if not labels:
+        return task
+    taken = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(texts))) | set(labels)
+    mapping = {}
+    for w in labels:
+        new = rng.choice(words) if words and rng.random() < 0.5 else _pseudo_word(rng)
+        while new in taken or new in _RESERVED:
+            new = _pseudo_word(rng)
+        taken.add(new)
+        mapping[w] = new
+    pattern = re.compile(r"""(["'])(""" + "|".join(re.escape(w) for w in sorted(labels, key=len, reverse=True))
+                         + r")\1")
+
+    def sub(text: str) -> str:
+        return pattern.sub(lambda m: m.group(1) + mapping[m.group(2)] + m.group(1), text)
+
+    def suite(s: TestSuite) -> TestSuite:
+        cases = tuple(dataclasses.replace(c, expected=mapping[c.expected])
+                      if isinstance(c.expected, str) and c.expected in mapping else c for c in s.cases)
+        return dataclasses.replace(s, cases=cases, asserts=tuple(
+            dataclasses.replace(a, source=sub(a.source)) for a in s.asserts))
+
+    return dataclasses.replace(
+        task, task_id=f"{task.task_id}~relabelled", prompt=sub(task.prompt),
+        buggy_code=sub(task.buggy_code), reference_code=sub(task.reference_code),
+        tests=suite(task.tests), public_tests=suite(task.public_tests))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.config import to_record
-from labkit.env.augment import RENAME_STYLES, name_words, rename_identifiers
+from labkit.env.augment import RENAME_STYLES, name_words, relabel_strings, rename_identifiers
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
@@ -63,6 +63,11 @@ class PretrainConfig:
     them real words of the SFT data) or ``short`` (one pseudo-word per name, variant G's).
     Compound names taught the model to copy held-out names of several words, which G often
     garbled: names kept 0.554 -> 0.948, held-out pass@1 0.197 -> 0.310 (docs/tiny_model.md)."""
+    relabel_strings: bool = False
+    """Renamed copies also replace the string labels the function returns (``"same"``,
+    ``"near"``) with fresh words, in the prompt, the code and the tests
+    (``labkit.env.augment.relabel_strings``): a template's labels can then only be copied
+    from the description, never recalled from another template."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -159,6 +164,8 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     words = name_words(t.prompt for t in syn) if cfg.rename_style == "compound" else ()
     renamed = [rename_identifiers(t, rng, style=cfg.rename_style, words=words)
                for t in syn for _ in range(cfg.renamed_copies)]
+    if cfg.relabel_strings:
+        renamed = [relabel_strings(t, rng, words=words) for t in renamed]
     pairs = _pairs(syn) + _pairs(renamed) + _pairs(he)
     sft_templates = sorted({t.meta["template"] for t in syn})
     timings["data_s"] = round(time.time() - t0, 1)
@@ -215,6 +222,7 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
         "sft_templates": sft_templates,
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
                  "renamed_pairs": len(renamed),
+                 "relabelled_pairs": sum(t.task_id.endswith("~relabelled") for t in renamed),
                  "multi_hunk_pairs": sum(t.difficulty > 1 for t in syn),
                  "sft_examples": sft["examples"], "dropped_too_long": sft["dropped_too_long"]},
         "model": {"parameters": n_params, "vocab": len(tok), "architecture": "LlamaForCausalLM"},
