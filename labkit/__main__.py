@@ -163,13 +163,19 @@ def cmd_sandbox_run(args) -> int:
 
 def cmd_pretrain_tiny(args) -> int:
     from labkit.config import ConfigError, apply_overrides
-    from labkit.policy.pretrain import PretrainConfig, pretrain_tiny
+    from labkit.policy.pretrain import PretrainConfig, pretrain_tiny, remeasure_quality
 
     try:
         cfg = apply_overrides(PretrainConfig(), args.set)
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
-    manifest = pretrain_tiny(cfg, argv=sys.argv[2:])
+    if args.evaluate_only:
+        try:
+            manifest = remeasure_quality(cfg, argv=[a for a in sys.argv[2:] if a != "--evaluate-only"])
+        except FileNotFoundError as e:
+            raise CLIError(str(e)) from None
+    else:
+        manifest = pretrain_tiny(cfg, argv=sys.argv[2:])
     q = manifest["quality"]
     _emit({"out": cfg.out, "parameters": manifest["model"]["parameters"],
            "sft_s": manifest["timings_s"]["sft_s"],
@@ -403,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("pretrain-tiny", help="train the embedded tiny model from scratch")
     pt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override PretrainConfig fields, e.g. --set sft.time_budget_s=60")
+    pt.add_argument("--evaluate-only", action="store_true",
+                    help="do not train: measure the model already in --set out=DIR again (e.g. at "
+                         "another eval_temperature) and rewrite its manifest's quality")
     pt.set_defaults(func=cmd_pretrain_tiny)
 
     ev = sub.add_parser("eval", help="held-out pass@k of a policy")

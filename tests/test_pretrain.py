@@ -51,3 +51,28 @@ def test_pretrain_tiny_builds_a_loadable_model_and_an_honest_manifest(tmp_path):
     assert manifest["quality"]["humaneval_test"]["tasks"] == 1
     # a set with no task at this size (two-bug tasks often fail validation) is left out
     assert all(q["tasks"] > 0 for q in manifest["quality"].values())
+
+    # measured again at another temperature: the quality is rewritten, the rest kept
+    from labkit.policy.pretrain import remeasure_quality
+
+    weights = (out / "model.safetensors").read_bytes()
+    again = remeasure_quality(from_dict(PretrainConfig, {**json.loads(json.dumps(manifest["config"])),
+                                                         "eval_temperature": 1.5, "eval_k": 3}),
+                              argv=["--set", "eval_temperature=1.5"])
+    assert again == json.loads((out / "manifest.json").read_text())
+    assert again["quality_measured"]["eval_temperature"] == 1.5
+    assert again["quality_measured"]["command"] == "python -m labkit pretrain-tiny --evaluate-only --set eval_temperature=1.5"
+    assert again["quality"]["synthetic_test"]["samples_per_task"] == 3
+    assert {k: v for k, v in again.items() if k not in ("quality", "quality_measured")} == {
+        k: v for k, v in manifest.items() if k != "quality"}
+    assert (out / "model.safetensors").read_bytes() == weights
+
+
+def test_evaluate_only_needs_a_built_model(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "labkit", "pretrain-tiny", "--evaluate-only",
+                        "--set", f"out={tmp_path / 'none'}"], capture_output=True, text=True)
+    assert r.returncode != 0 and "no manifest here; build the model first" in r.stderr
+    assert "Traceback" not in r.stderr
