@@ -67,7 +67,9 @@ class PretrainConfig:
     """Renamed copies also replace the string labels the function returns (``"same"``,
     ``"near"``) with fresh words, in the prompt, the code and the tests
     (``labkit.env.augment.relabel_strings``): a template's labels can then only be copied
-    from the description, never recalled from another template."""
+    from the description, never recalled from another template. Off: variant I, built with
+    it, still never solved the held-out ``side_of`` template it was meant for and fell from
+    held-out pass@1 0.310 to 0.221 (docs/tiny_model.md)."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
