@@ -129,8 +129,8 @@ def string_labels(code: str) -> list[str]:
     found: dict[str, None] = {}
     for node in sorted((n for n in ast.walk(tree) if isinstance(n, ast.Return)),
                        key=lambda n: (n.lineno, n.col_offset)):
-        if (isinstance(node, ast.Return) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str) and _LABEL.fullmatch(node.value.value)):
+        if (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                and _LABEL.fullmatch(node.value.value)):
             found.setdefault(node.value.value)
     return list(found)
 
