@@ -56,7 +56,7 @@ def test_pretrain_tiny_builds_a_loadable_model_and_an_honest_manifest(tmp_path):
     from labkit.policy.pretrain import remeasure_quality
 
     weights = (out / "model.safetensors").read_bytes()
-    again = remeasure_quality(from_dict(PretrainConfig, {**json.loads(json.dumps(manifest["config"])),
+    again = remeasure_quality(from_dict(PretrainConfig, {**manifest["config"],
                                                          "eval_temperature": 1.5, "eval_k": 3}),
                               argv=["--set", "eval_temperature=1.5"])
     assert again == json.loads((out / "manifest.json").read_text())

@@ -48,6 +48,13 @@ def identifiers(code: str) -> list[str]:
     return [n for n in found if not (n.startswith("__") or n in _RESERVED)]
 
 
+def _words_of(task: RepairTask) -> set[str]:
+    """Every identifier-like word of the task's prompt, buggy code and reference: what a
+    fresh name or label must not collide with."""
+    texts = (task.prompt, task.buggy_code, task.reference_code)
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(texts)))
+
+
 def _pseudo_word(rng: random.Random) -> str:
     return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 3)))
 
@@ -97,8 +104,7 @@ def rename_identifiers(task: RepairTask, rng: random.Random, *, style: str = "sh
     names = list(dict.fromkeys(identifiers(task.reference_code) + identifiers(task.buggy_code)))
     if not names:
         return task
-    texts = (task.prompt, task.buggy_code, task.reference_code)
-    taken = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(texts)))
+    taken = _words_of(task)
     if style == "short":
         mapping = {n: fresh_name(rng, taken) for n in names}
     else:
@@ -143,12 +149,11 @@ def relabel_strings(task: RepairTask, rng: random.Random, *, words: Sequence[str
     only if the prompt quotes it: the description must still say what to return. New labels
     are a word of ``words`` half the time (:func:`name_words`), else a pseudo-word. Tasks
     without such labels come back unchanged; others get a ``~relabelled`` suffix."""
-    texts = (task.prompt, task.buggy_code, task.reference_code)
     labels = [w for w in string_labels(task.reference_code)
               if f'"{w}"' in task.prompt or f"'{w}'" in task.prompt]
     if not labels:
         return task
-    taken = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", "\n".join(texts))) | set(labels)
+    taken = _words_of(task) | set(labels)
     mapping = {}
     for w in labels:
         new = rng.choice(words) if words and rng.random() < 0.5 else _pseudo_word(rng)
