@@ -96,3 +96,34 @@ def test_relabelled_tasks_return_fresh_labels_and_stay_valid_by_execution():
     other = load_tasks("synthetic", "train", n=40, seed=0)
     plain = next(t for t in other if not string_labels(t.reference_code))
     assert relabel_strings(plain, random.Random(0)) is plain
+
+
+def test_flipped_comparisons_mirror_the_same_ones_in_both_codes_and_stay_valid_by_execution():
+    from labkit.env.augment import flip_comparisons, flippable_comparisons
+
+    code = "def f(xs, k):\n    if k > 14 and 2 <= len(xs) < 9:\n        return xs [0]== k\n    return k != 0\n"
+    assert flippable_comparisons(code) == 3  # the chained one is left alone
+    # a naive second implementation: the two mirrored comparisons written out by hand
+    from labkit.env.records import RepairTask, TestSuite
+
+    task = RepairTask(task_id="t", problem_id="t", source="synthetic", prompt="def f(xs, k):\n",
+                      buggy_code=code, reference_code=code,
+                      entry_point="f", tests=TestSuite(), public_tests=TestSuite())
+    flipped = flip_comparisons(task, random.Random(0), p=1.0)
+    assert flipped.reference_code == ("def f(xs, k):\n    if 14 < k and 2 <= len(xs) < 9:\n"
+                                      "        return k== xs [0]\n    return 0 != k\n")
+    assert flip_comparisons(task, random.Random(0), p=0.0) is task
+
+    tasks = [t for t in load_tasks("synthetic", "train", n=40, seed=0) if flippable_comparisons(t.reference_code)]
+    assert len(tasks) >= 10
+    flipped = [flip_comparisons(t, random.Random(i), p=1.0) for i, t in enumerate(tasks)]
+    with Sandbox() as sb:
+        ref = sb.run_many([Candidate(t.reference_code, t.tests, t.entry_point) for t in flipped])
+        bug = sb.run_many([Candidate(t.buggy_code, t.tests, t.entry_point) for t in flipped])
+    assert all(r.ok for r in ref) and not any(b.ok for b in bug)
+    for o, t in zip(tasks, flipped):
+        assert t.task_id == o.task_id + "~flipped" and t.prompt == o.prompt
+        assert t.reference_code != o.reference_code
+        assert flippable_comparisons(t.reference_code) == flippable_comparisons(o.reference_code)
+        # mirroring twice gives the code back: the same comparisons, only their faces turned
+        assert flip_comparisons(t, random.Random(0), p=1.0).reference_code == o.reference_code

@@ -10,6 +10,9 @@ examples), the buggy code and the reference: the fix is unchanged, but the names
 come from the input. :func:`relabel_strings` does the same for the string labels a function
 returns (``"above"``, ``"below"``): a model that has learnt one template's labels by heart
 writes them into another's, unless the labels, too, could only ever be copied.
+:func:`flip_comparisons` varies the code's shape instead of its words: ``k > 14`` becomes
+``14 < k`` in some copies, in the buggy code and the fix alike, so which way a comparison
+faces can only be read off the code shown, never recalled from the template.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import keyword
 import random
 import re
 from typing import Iterable, Sequence
+
+import libcst as cst
 
 from labkit.env.records import RepairTask, TestSuite
 
@@ -177,3 +182,66 @@ def relabel_strings(task: RepairTask, rng: random.Random, *, words: Sequence[str
         task, task_id=f"{task.task_id}~relabelled", prompt=sub(task.prompt),
         buggy_code=sub(task.buggy_code), reference_code=sub(task.reference_code),
         tests=suite(task.tests), public_tests=suite(task.public_tests))
+
+
+_FLIPPED = {cst.LessThan: cst.GreaterThan, cst.GreaterThan: cst.LessThan,
+            cst.LessThanEqual: cst.GreaterThanEqual, cst.GreaterThanEqual: cst.LessThanEqual,
+            cst.Equal: cst.Equal, cst.NotEqual: cst.NotEqual}
+
+
+class _Flipper(cst.CSTTransformer):
+    """Mirrors the i-th flippable comparison of a module when ``flips[i]`` is true."""
+
+    def __init__(self, flips: Sequence[bool] | None):
+        self.flips, self.seen = flips, 0
+
+    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+        if len(updated.comparisons) != 1 or type(updated.comparisons[0].operator) not in _FLIPPED:
+            return updated
+        i, self.seen = self.seen, self.seen + 1
+        if self.flips is None or not self.flips[i]:
+            return updated
+        target = updated.comparisons[0]
+        op = target.operator
+        mirrored = _FLIPPED[type(op)](whitespace_before=op.whitespace_before,
+                                      whitespace_after=op.whitespace_after)
+        return updated.with_changes(left=target.comparator, comparisons=[
+            target.with_changes(operator=mirrored, comparator=updated.left)])
+
+
+def flippable_comparisons(code: str) -> int:
+    """How many comparisons of ``code`` :func:`flip_comparisons` could mirror: those with one
+    operator among ``< <= > >= == !=`` (``a < b < c``, ``in`` and ``is`` are left alone)."""
+    counter = _Flipper(None)
+    cst.parse_module(code).visit(counter)
+    return counter.seen
+
+
+def flip_comparisons(task: RepairTask, rng: random.Random, *, p: float = 0.5) -> RepairTask:
+    """``task`` with each flippable comparison mirrored with probability ``p``, the same
+    ones in the buggy code and the reference: ``a OP b`` -> ``b OP' a`` with ``<`` <-> ``>``,
+    ``<=`` <-> ``>=``, ``==`` and ``!=`` kept, an identity for the values these functions
+    compare, so the tests still hold. Comparisons are paired by their order in the code; when
+    the bug changed how many there are, one coin decides for all of them. Formatting is kept
+    (libcst). Unparsable code or no flip drawn: the task comes back unchanged; else the id gets
+    a ``~flipped`` suffix. The prompt (signature, docstring, examples) holds no code and stays;
+    the bug spans keep their old offsets (as after renaming): the copy is for SFT text only."""
+    try:
+        n_ref, n_bug = flippable_comparisons(task.reference_code), flippable_comparisons(task.buggy_code)
+    except cst.ParserSyntaxError:
+        return task
+    if n_ref == n_bug:
+        flips = [rng.random() < p for _ in range(n_ref)]
+        ref_flips = bug_flips = flips
+    else:
+        coin = rng.random() < p
+        ref_flips, bug_flips = [coin] * n_ref, [coin] * n_bug
+    if not any(ref_flips) and not any(bug_flips):
+        return task
+
+    def flipped(code: str, flips: Sequence[bool]) -> str:
+        return cst.parse_module(code).visit(_Flipper(flips)).code
+
+    return dataclasses.replace(task, task_id=f"{task.task_id}~flipped",
+                               buggy_code=flipped(task.buggy_code, bug_flips),
+                               reference_code=flipped(task.reference_code, ref_flips))

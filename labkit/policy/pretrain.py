@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.config import to_record
-from labkit.env.augment import RENAME_STYLES, name_words, relabel_strings, rename_identifiers
+from labkit.env.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
@@ -70,6 +70,12 @@ class PretrainConfig:
     from the description, never recalled from another template. Off: variant I, built with
     it, still never solved the held-out ``side_of`` template it was meant for and fell from
     held-out pass@1 0.310 to 0.221 (docs/tiny_model.md)."""
+    flip_comparisons: float = 0.0
+    """Renamed copies also mirror each comparison with this probability (``k > 14`` ->
+    ``14 < k``, the same ones in the buggy code and the fix;
+    ``labkit.env.augment.flip_comparisons``): which way a comparison faces can then only be
+    copied from the code shown, a lesson in copying the code's shape, not only its names.
+    0 = off (the shipped model); variant J (docs/tiny_model.md) was built with 0.5."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -217,6 +223,9 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
                for t in syn for _ in range(cfg.renamed_copies)]
     if cfg.relabel_strings:
         renamed = [relabel_strings(t, rng, words=words) for t in renamed]
+    if cfg.flip_comparisons:
+        flip_rng = random.Random(f"labkit-pretrain-flip:{cfg.seed}")
+        renamed = [flip_comparisons(t, flip_rng, p=cfg.flip_comparisons) for t in renamed]
     pairs = _pairs(syn) + _pairs(renamed) + _pairs(he)
     sft_templates = sorted({t.meta["template"] for t in syn})
     timings["data_s"] = round(time.time() - t0, 1)
@@ -254,6 +263,7 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
                  "renamed_pairs": len(renamed),
                  "relabelled_pairs": sum(t.task_id.endswith("~relabelled") for t in renamed),
+                 "flipped_pairs": sum(t.task_id.endswith("~flipped") for t in renamed),
                  "multi_hunk_pairs": sum(t.difficulty > 1 for t in syn),
                  "sft_examples": sft["examples"], "dropped_too_long": sft["dropped_too_long"]},
         "model": {"parameters": n_params, "vocab": len(tok), "architecture": "LlamaForCausalLM"},
