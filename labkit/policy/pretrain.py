@@ -75,7 +75,8 @@ class PretrainConfig:
     ``14 < k``, the same ones in the buggy code and the fix;
     ``labkit.env.augment.flip_comparisons``): which way a comparison faces can then only be
     copied from the code shown, a lesson in copying the code's shape, not only its names.
-    0 = off (the shipped model); variant J (docs/tiny_model.md) was built with 0.5."""
+    0 = off (the shipped model). Variant J, built with 0.5, copied the comparison but
+    still never solved ``side_of`` and fell to held-out pass@1 0.248 (docs/tiny_model.md)."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
