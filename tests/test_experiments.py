@@ -459,6 +459,9 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
 
     cfg = base_train_config(ExperimentConfig(), 0, "runs/x")
     assert cfg.sandbox.test_timeout_s == SYNTHETIC_TEST_TIMEOUT_S < 1.0
+    assert cfg.sampling.sampler == "race"  # every recorded result's; the faster one is asked for
+    assert base_train_config(ExperimentConfig(sampler="inverse_cdf"), 0, "runs/x").sampling.sampler == \
+        "inverse_cdf"
     tasks = (load_tasks("synthetic", split="val", n=40, seed=0) + load_tasks("synthetic", split="test", n=20, seed=0)
              + load_tasks("synthetic", split="val", n=40, seed=0, n_bugs=2, multi_hunk=True))
     with Sandbox(cfg.sandbox) as sb:

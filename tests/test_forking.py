@@ -330,6 +330,11 @@ def test_lean_fork_decode_equals_generate(policy, sampled, stop):
         "generate"
     with pytest.raises(ValueError, match="engine"):
         fk.ForkConfig(engine="vllm").validate()
+    # the parents' sampler carries over to the forks; generate cannot take the inverse CDF
+    assert fk.ForkConfig.from_sampling(dataclasses.replace(SAMPLING, sampler="inverse_cdf")).sampler == \
+        "inverse_cdf"
+    with pytest.raises(ValueError, match="draws with torch.multinomial"):
+        fk.ForkConfig(engine="generate", sampler="inverse_cdf").validate()
 
 
 def test_fork_lineage_and_records(policy, sampled):

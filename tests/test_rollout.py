@@ -54,9 +54,11 @@ def test_recomputed_logprobs_match_sampling(policy, temperature):
     assert batch["completion_mask"].sum() == sum(len(r.completion_ids) for r in rs)
 
 
-@pytest.mark.parametrize("engine", ["lean", "loop", "generate"])
-def test_every_engine_agree_with_the_training_forward(policy, engine):
-    cfg = SamplingConfig(group_size=3, temperature=0.9, top_p=0.8, max_new_tokens=12, engine=engine)
+@pytest.mark.parametrize("engine,sampler", [("lean", "race"), ("loop", "race"), ("generate", "race"),
+                                            ("lean", "inverse_cdf"), ("loop", "inverse_cdf")])
+def test_every_engine_agree_with_the_training_forward(policy, engine, sampler):
+    cfg = SamplingConfig(group_size=3, temperature=0.9, top_p=0.8, max_new_tokens=12, engine=engine,
+                         sampler=sampler)
     rs = sample(policy, [_task(0), _task(2)], cfg)
     batch = collate(rs, policy.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -174,3 +176,81 @@ def test_select_rows_cuts_only_padding_and_keeps_every_log_prob(policy):
     model.zero_grad()
     with pytest.raises(IndexError):
         select_rows(batch, [len(rs)])
+
+
+def _naive_inverse_cdf(probs, u):
+    """Walk each row's cumulative sum until it passes ``u`` times the row's total."""
+    out = []
+    for row, v in zip(probs.double().tolist(), u[:, 0].tolist()):
+        target, acc = v * sum(row), 0.0
+        for i, p in enumerate(row):
+            acc += p
+            if acc > target:
+                out.append(i)
+                break
+        else:
+            out.append(len(row) - 1)
+    return out
+
+
+def test_inverse_cdf_draws_the_categorical_and_equals_a_naive_walk():
+    from labkit.policy.rollout import _inverse_cdf, draw
+
+    torch.manual_seed(0)
+    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0]).expand(40000, 6)
+    y = _inverse_cdf(p, torch.rand(40000, 1, dtype=torch.float64))
+    freq = torch.bincount(y, minlength=6).float() / 40000
+    assert torch.allclose(freq, p[0], atol=0.01), freq
+    assert freq[[0, 2, 5]].sum() == 0  # tokens of probability 0 (outside the nucleus) never come
+    # the edges: u = 0 takes the first token with mass, u just below 1 the last one
+    u = torch.tensor([[0.0], [1 - 2 ** -53], [0.25], [0.6]], dtype=torch.float64)
+    assert _inverse_cdf(p[:4], u).tolist() == [1, 4, 1, 3] == _naive_inverse_cdf(p[:4], u)
+    q = torch.softmax(3 * torch.randn(64, 300), -1).masked_fill(torch.rand(64, 300) < 0.3, 0.0)
+    u = torch.rand(64, 1, dtype=torch.float64)
+    assert _inverse_cdf(q, u).tolist() == _naive_inverse_cdf(q, u)
+    # through draw(): the nucleus is honoured, and one uniform per row is all it takes from
+    # the random stream
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(20000, 4)
+    torch.manual_seed(1)
+    y, logp = draw(logits, 1.0, top_p=0.7, sampler="inverse_cdf")
+    after = torch.rand(1)
+    torch.manual_seed(1)
+    torch.rand(20000, 1, dtype=torch.float64)
+    assert torch.equal(after, torch.rand(1))
+    kept = torch.softmax(logits[0, :2], -1)  # the 0.7 nucleus of softmax([2, 1, 0, -1]): 2 tokens
+    freq = torch.bincount(y, minlength=4).float() / 20000
+    assert torch.allclose(freq[:2], kept, atol=0.015) and freq[2:].sum() == 0, freq
+
+
+def test_the_inverse_cdf_sampler_samples_the_policy_like_the_race(policy):
+    """Both samplers through :func:`sample`: each deterministic under its seed, other tokens
+    than each other (another random stream), and each first token drawn as often as the
+    policy's ``softmax(z / T)`` says (within 4 standard errors over 2,000 draws, for every
+    token of probability > 0.01);
+    ``generate`` refuses the inverse CDF with a clear error."""
+    from labkit.policy.prompts import build_prompt
+
+    T, n = 0.1, 2000  # a cold sampler: the random model's first token has a few likely values
+    ids = policy.tokenizer(build_prompt(_task(0), policy.tokenizer), return_tensors="pt",
+                           add_special_tokens=False).input_ids
+    with torch.no_grad():
+        p = torch.softmax(policy.model(input_ids=ids).logits[0, -1].float() / T, -1)
+    likely = (p > 0.01).nonzero().flatten()
+    assert len(likely) >= 3  # the check compares several tokens' frequencies
+    firsts = {}
+    for sampler in ("race", "inverse_cdf"):
+        cfg = SamplingConfig(group_size=n, temperature=T, max_new_tokens=1, seed=5, batch_size=n,
+                             sampler=sampler)
+        rs = sample(policy, [_task(0)], cfg)
+        assert [r.completion_ids for r in rs] == [r.completion_ids for r in sample(policy, [_task(0)], cfg)]
+        eos = policy.tokenizer.eos_token_id  # a completion that ended at once holds no token
+        firsts[sampler] = torch.tensor([r.completion_ids[0] if r.completion_ids else eos for r in rs])
+        freq = torch.bincount(firsts[sampler], minlength=len(p)).float()[:len(p)] / n
+        se = (p * (1 - p) / n).sqrt()
+        assert ((freq[likely] - p[likely]).abs() <= 4 * se[likely] + 1e-3).all(), \
+            (sampler, freq[likely], p[likely])
+    assert not torch.equal(firsts["race"], firsts["inverse_cdf"])
+    with pytest.raises(ValueError, match="engine 'generate' draws with torch.multinomial"):
+        SamplingConfig(engine="generate", sampler="inverse_cdf").validate()
+    with pytest.raises(ValueError, match="sampler must be one of"):
+        SamplingConfig(sampler="gumbel").validate()

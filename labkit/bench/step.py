@@ -26,7 +26,7 @@ no FLOP floor and counts in the step, not in the floor.
 Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; target <= 2.5),
 ``phases`` (seconds), ``flops``, ``matmul_gflops``, token counts.
 
-    python -m labkit.bench step [--steps 3] [--tasks 16] [--group 8]
+    python -m labkit.bench step [--steps 3] [--tasks 16] [--group 8] [--sampler inverse_cdf]
 """
 
 from __future__ import annotations
@@ -88,12 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=None,
                    help="the sandbox's per-test wall limit, s (sandbox.test_timeout_s; default: "
                         "the experiments')")
+    p.add_argument("--sampler", choices=["race", "inverse_cdf"], default=None,
+                   help="how decoding draws a token (sampling.sampler; default: the experiments')")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be >= 2 (the first step is a warm-up)")
     exp = ExperimentConfig(tasks_per_step=a.tasks, group_size=a.group, policy=a.policy,
                            train_split="val", train_problems=a.tasks * a.steps, eval_every=0,
                            eval_tasks=0)
+    if a.sampler:
+        exp = dataclasses.replace(exp, sampler=a.sampler)
     run_dir = tempfile.mkdtemp(prefix="bench-step-")
     cfg = base_train_config(exp, seed=0, run_dir=run_dir)
     cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
-           "decode_batch": cfg.sampling.batch_size, "measured_steps": len(measured),
+           "decode_batch": cfg.sampling.batch_size, "sampler": cfg.sampling.sampler,
+           "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
           f"{out['floor_s']} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "

@@ -107,6 +107,7 @@ def run_labkit(model_dir: Path, tasks, args, out_dir: Path) -> dict:
         "policy": {"spec": str(model_dir), "reference": "none"},
         "sampling": {"group_size": args.group, "temperature": 1.0, "top_p": 1.0,
                      "max_new_tokens": args.tokens, "stop_strings": [], "engine": args.engine,
+                     "sampler": args.sampler,
                      "batch_size": args.prompts * args.group},
         "tasks": {"source": "records", "eval_tasks": 0},
         "loss": {"kl_coef": 0.0, "epochs": 1, "agg": "token-mean", "dual_clip": None,
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of each trainer, alternated (medians pool their steps)")
     p.add_argument("--engine", choices=["lean", "loop", "generate"], default="lean",
                    help="labkit's sampling engine (SamplingConfig.engine)")
+    p.add_argument("--sampler", choices=["race", "inverse_cdf"], default="race",
+                   help="how labkit's decode draws a token (SamplingConfig.sampler)")
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
                    help="labkit's fused AdamW kernel (OptimConfig.fused; TRL's default optimiser is fused too)")
     args = p.parse_args(argv)
@@ -190,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     out["trl_reward_first_last"] = [round(trl["first_reward"], 4), round(trl["last_reward"], 4)]
     out["torch_threads"] = torch.get_num_threads()
     out["labkit_engine"] = args.engine
+    out["labkit_sampler"] = args.sampler
     out["labkit_fused_adamw"] = args.fused
     print(f"labkit {out['labkit_step_s']} s/step, TRL {out['trl_step_s']} s/step "
           f"(median after {args.warmup} warm-up steps, {args.repeats} alternated runs each): ratio {out['ratio']} (target <= 0.6, goal 0.5)")

@@ -106,6 +106,10 @@ class ExperimentConfig:
     fewer all-equal groups on a sure model (the shipped one at T = 1.6: 35.5% against 55% on
     held-out templates, docs/tiny_model.md) at a lower pass rate per sample. Evaluation
     always samples at 0.7."""
+    sampler: str = "race"
+    """How the training sampler draws a token (``sampling.sampler``): ``race`` (every recorded
+    result) or ``inverse_cdf``, the same distribution at a fraction of the CPU time and
+    another random stream (docs/benchmarks.md)."""
     lr: float = 5e-5
     """Peak AdamW learning rate (``optim.lr``), constant, no warm-up. 5e-5 moves the
     2M-parameter tiny model within tens of steps; a larger model wants far less."""
@@ -150,7 +154,8 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
     return from_dict(TrainConfig, {
         "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
         "policy": {"spec": exp.policy, "reference": "auto"},
-        "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320},
+        "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320,
+                     "sampler": exp.sampler},
         "tasks": {"source": "synthetic", "train_problems": exp.train_problems,
                   "train_split": exp.train_split, "eval_split": exp.split,
                   "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,

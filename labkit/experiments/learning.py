@@ -35,7 +35,8 @@ def run(exp: Config) -> Path:
         add_paired(results, exp)
     notes = (f"Raw GRPO on `{exp.policy}` (weights sha256 {results['setting']['model_sha256']}...), "
              f"`{exp.feedback}` feedback, {exp.steps} steps of "
-             f"{exp.tasks_per_step} tasks x {exp.group_size} samples (T = {exp.temperature}), lr {exp.lr}, KL 0.01 "
+             f"{exp.tasks_per_step} tasks x {exp.group_size} samples (T = {exp.temperature}"
+             f"{'' if exp.sampler == 'race' else ', sampler ' + exp.sampler}), lr {exp.lr}, KL 0.01 "
              f"(k3), seeds {list(exp.seeds)}; training problems and held-out tasks from task seed "
              f"{exp.task_seed} (the same for every seed); trained on split `{exp.train_split}`, "
              f"held-out split `{exp.split}`.")

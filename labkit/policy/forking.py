@@ -47,7 +47,7 @@ from labkit.env.edits import (Hunk, hunk_char_span, revert_hunks, rollout_hunks,
                                split_hunks)
 from labkit.registry import Registry
 from labkit.policy import lean
-from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, collate, draw, make_rollout, nucleus,
+from labkit.policy.rollout import (SAMPLERS, KVRow, Rollout, SamplingConfig, collate, draw, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
 from labkit.seeding import derive_seed
 
@@ -84,11 +84,15 @@ class ForkConfig:
     stopping criteria and cache bookkeeping, and with a kept cache stores each prompt once
     for all the forks of it (:func:`continue_forks`)."""
 
+    sampler: Literal["race", "inverse_cdf"] = "race"
+    """How the lean continuation draws a token (:attr:`SamplingConfig.sampler`)."""
+
     @classmethod
     def from_sampling(cls, sampling: SamplingConfig, **overrides) -> ForkConfig:
         """The fork settings matching how the parents were sampled (``engine``: the
         parents' ``generate`` stays ``generate``, ``lean`` and ``loop`` decode ``lean``)."""
-        shared = ("temperature", "top_p", "max_new_tokens", "stop_strings", "batch_size", "seed")
+        shared = ("temperature", "top_p", "max_new_tokens", "stop_strings", "batch_size", "seed",
+                  "sampler")
         engine = "generate" if sampling.engine == "generate" else "lean"
         return cls(**{name: getattr(sampling, name) for name in shared} | {"engine": engine}
                    | overrides)
@@ -98,6 +102,11 @@ class ForkConfig:
             raise ValueError("temperature must be > 0 and top_p in (0, 1] (greedy=True for argmax)")
         if self.engine not in ("lean", "generate"):
             raise ValueError(f"engine must be 'lean' or 'generate', got {self.engine!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.sampler != "race" and self.engine == "generate":
+            raise ValueError(f"sampler {self.sampler!r} is the lean continuation's; engine "
+                             "'generate' draws with torch.multinomial: use sampler 'race' with it")
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("max_new_tokens and batch_size must be >= 1")
 
@@ -562,7 +571,8 @@ def _lean_continue(step: lean.LeanStep, pos: torch.Tensor, alt: torch.Tensor,
     logits = step(alt, pos)
     toks, lps = [], []
     for s in range(n):
-        y, logp = draw(logits, config.temperature, config.top_p, greedy=config.greedy)
+        y, logp = draw(logits, config.temperature, config.top_p, greedy=config.greedy,
+                       sampler=config.sampler)
         y = torch.where(alive, y, torch.full_like(y, pad_id))
         toks.append(y)
         lps.append(logp.gather(-1, y[:, None])[:, 0])
