@@ -178,6 +178,35 @@ def test_select_rows_cuts_only_padding_and_keeps_every_log_prob(policy):
         select_rows(batch, [len(rs)])
 
 
+def test_micro_batches_keep_groups_together_ordered_by_their_longest_completion(policy):
+    """Three groups of 2 rows whose longest completions are 9, 3 and 6 tokens: cut into
+    micro-batches of 2, each group is one micro-batch, the groups go shortest first, every row
+    once; ``by_length=False`` keeps the batch order. The update's summed gradient over the
+    micro-batches is the same either way (to float rounding)."""
+    from labkit.policy.rollout import micro_batches
+
+    cfg = SamplingConfig(group_size=2, temperature=1.0, max_new_tokens=12, stop_strings=())
+    rs = sample(policy, [_task(0), _task(6), _task(2)], cfg)
+    for r, n in zip(rs, (9, 4, 2, 3, 6, 1)):
+        r.completion_ids = (r.completion_ids * 12)[:n]
+    batch = collate(rs, policy.tokenizer.pad_token_id)
+    assert micro_batches(batch, 2) == [[2, 3], [4, 5], [0, 1]]
+    assert micro_batches(batch, 2, by_length=False) == [[0, 1], [2, 3], [4, 5]]
+    cut4 = micro_batches(batch, 4)
+    assert cut4 == [[2, 3, 4, 5], [0, 1]] and sorted(sum(cut4, [])) == list(range(6))
+    model = policy.model
+    grads = []
+    for by_length in (False, True):
+        model.zero_grad()
+        for mb in micro_batches(batch, 2, by_length):
+            logp, _ = sequence_logprobs(model, select_rows(batch, mb), 1.0)
+            logp.sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    model.zero_grad()
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (a - b).abs().max()
+
+
 def _naive_inverse_cdf(probs, u):
     """Walk each row's cumulative sum until it passes ``u`` times the row's total."""
     out = []

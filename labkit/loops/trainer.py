@@ -51,7 +51,8 @@ from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
 from labkit.loops.records import RolloutRecord
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
-from labkit.policy.rollout import Rollout, SamplingConfig, collate, select_rows, sequence_logprobs
+from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, select_rows,
+                                   sequence_logprobs)
 from labkit.seeding import derive_seed, seed_everything
 
 # ============================================================================= config
@@ -498,8 +499,8 @@ class Trainer:
         cfg = self.cfg.loss
         model = self.train_model
         mask = batch["completion_mask"]
-        B = mask.shape[0]
-        mbs = [list(range(i, min(B, i + cfg.micro_batch_size))) for i in range(0, B, cfg.micro_batch_size)]
+        # groups ordered by their longest completion, then cut: each micro-batch pads little
+        mbs = micro_batches(batch, cfg.micro_batch_size)
         subs = [select_rows(batch, mb) for mb in mbs]  # each only the columns its rows use
         ref_logp = None
         clock = {"reference": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
