@@ -44,6 +44,7 @@ from labkit.env.tasks import load_tasks
 from labkit.experiments import ExperimentConfig, base_train_config
 from labkit.loops.trainer import Trainer
 from labkit.policy.loading import load_policy
+from labkit.policy.rollout import SAMPLERS
 
 
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 7, inner: int = 20) -> float:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=None,
                    help="the sandbox's per-test wall limit, s (sandbox.test_timeout_s; default: "
                         "the experiments')")
-    p.add_argument("--sampler", choices=["race", "inverse_cdf"], default=None,
+    p.add_argument("--sampler", choices=SAMPLERS, default=None,
                    help="how decoding draws a token (sampling.sampler; default: the experiments')")
     a = p.parse_args(argv)
     if a.steps < 2:

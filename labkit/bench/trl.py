@@ -29,6 +29,7 @@ from labkit.loops.trainer import Trainer, TrainConfig
 from labkit.policy import tiny
 from labkit.policy.loading import TINY_DIR
 from labkit.policy.prompts import plain_prompt
+from labkit.policy.rollout import SAMPLERS
 from labkit.seeding import derive_seed
 
 TARGET = "class"
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of each trainer, alternated (medians pool their steps)")
     p.add_argument("--engine", choices=["lean", "loop", "generate"], default="lean",
                    help="labkit's sampling engine (SamplingConfig.engine)")
-    p.add_argument("--sampler", choices=["race", "inverse_cdf"], default="race",
+    p.add_argument("--sampler", choices=SAMPLERS, default="race",
                    help="how labkit's decode draws a token (SamplingConfig.sampler)")
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
                    help="labkit's fused AdamW kernel (OptimConfig.fused; TRL's default optimiser is fused too)")

@@ -47,7 +47,7 @@ from labkit.env.edits import (Hunk, hunk_char_span, revert_hunks, rollout_hunks,
                                split_hunks)
 from labkit.registry import Registry
 from labkit.policy import lean
-from labkit.policy.rollout import (SAMPLERS, KVRow, Rollout, SamplingConfig, collate, draw, make_rollout, nucleus,
+from labkit.policy.rollout import (KVRow, Rollout, SamplingConfig, check_sampler, collate, draw, make_rollout, nucleus,
                                    sequence_logprobs, stop_token_ids, strip_completion)
 from labkit.seeding import derive_seed
 
@@ -102,11 +102,7 @@ class ForkConfig:
             raise ValueError("temperature must be > 0 and top_p in (0, 1] (greedy=True for argmax)")
         if self.engine not in ("lean", "generate"):
             raise ValueError(f"engine must be 'lean' or 'generate', got {self.engine!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.sampler != "race" and self.engine == "generate":
-            raise ValueError(f"sampler {self.sampler!r} is the lean continuation's; engine "
-                             "'generate' draws with torch.multinomial: use sampler 'race' with it")
+        check_sampler(self.sampler, self.engine)
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("max_new_tokens and batch_size must be >= 1")
 

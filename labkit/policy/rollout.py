@@ -77,16 +77,21 @@ class SamplingConfig:
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if self.sampler != "race" and self.engine == "generate":
-            raise ValueError(f"sampler {self.sampler!r} is labkit's decode's (engine 'lean' or "
-                             "'loop'); engine 'generate' draws with torch.multinomial: use "
-                             "sampler 'race' with it")
+        check_sampler(self.sampler, self.engine)
         if self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (use a tiny value for near-greedy)")
+
+
+def check_sampler(sampler: str, engine: str) -> None:
+    """A clear error for a sampler labkit does not know, or one ``engine`` cannot use
+    (:attr:`SamplingConfig.sampler`; forks check theirs the same way)."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if sampler != "race" and engine == "generate":
+        raise ValueError(f"sampler {sampler!r} needs labkit's own decode; engine 'generate' draws "
+                         "with torch.multinomial: use sampler 'race' with it")
 
 
 @dataclass(frozen=True)
