@@ -67,6 +67,23 @@ def test_pretrain_tiny_builds_a_loadable_model_and_an_honest_manifest(tmp_path):
         k: v for k, v in manifest.items() if k != "quality"}
     assert (out / "model.safetensors").read_bytes() == weights
 
+    # continued SFT from that folder, with generated programs added: same tokenizer and
+    # shape, new weights, and no SFT program of a held-out template's shape (measured)
+    more = tmp_path / "more"
+    cont = pretrain_tiny(from_dict(PretrainConfig, {
+        **manifest["config"], "out": str(more), "init_from": str(out), "generated_problems": 3,
+        "generated_bugs": 1, "sft": {**manifest["config"]["sft"], "max_steps": 2}}))
+    data = cont["data"]
+    assert data["generated_pairs"] > 0 and data["held_out_shapes_in_sft"] == 0
+    assert data["sft_examples"] + data["dropped_too_long"] == (
+        data["synthetic_train_pairs"] + data["renamed_pairs"] + data["humaneval_train_pairs"]
+        + data["generated_pairs"])
+    assert any(t.startswith("generated/") for t in cont["sft_templates"])
+    assert cont["config"]["init_from"] == str(out)
+    assert (more / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+    assert cont["model"] == manifest["model"]
+    assert (more / "model.safetensors").read_bytes() != weights
+
 
 def test_evaluate_only_needs_a_built_model(tmp_path):
     import subprocess

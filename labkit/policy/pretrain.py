@@ -25,6 +25,7 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.env.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
+from labkit.env.generated import generated_tasks, held_out_shapes, shape_key
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
@@ -77,6 +78,17 @@ class PretrainConfig:
     copied from the code shown, a lesson in copying the code's shape, not only its names.
     0 = off (the shipped model). Variant J, built with 0.5, copied the comparison but
     still never solved ``side_of`` and fell to held-out pass@1 0.248 (docs/tiny_model.md)."""
+    generated_problems: int = 0
+    """Generated programs (:mod:`labkit.env.generated`: random if-chains, loops and arithmetic
+    under fresh names, never a held-out template's shape) added to the SFT data, each with
+    ``generated_bugs`` validated bugs: shapes no template has, so the code shown is the only
+    place a fix can come from. 0 = none (the shipped model)."""
+    generated_bugs: int = 3
+    """Validated bugs per generated problem (each one SFT pair)."""
+    init_from: str = ""
+    """A model folder to continue from (its tokenizer and weights) instead of a new tokenizer
+    and a randomly initialised model: continued SFT, e.g. the shipped model on new data for a
+    few hundred steps. Empty = build from scratch."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -227,17 +239,31 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
     if cfg.flip_comparisons:
         flip_rng = random.Random(f"labkit-pretrain-flip:{cfg.seed}")
         renamed = [flip_comparisons(t, flip_rng, p=cfg.flip_comparisons) for t in renamed]
-    pairs = _pairs(syn) + _pairs(renamed) + _pairs(he)
-    sft_templates = sorted({t.meta["template"] for t in syn})
+    gen = []
+    if cfg.generated_problems:
+        gen = generated_tasks(cfg.generated_problems, cfg.seed, cfg.generated_bugs,
+                              words=words or name_words(t.prompt for t in syn))
+    pairs = _pairs(syn) + _pairs(renamed) + _pairs(he) + _pairs(gen)
+    sft_templates = sorted({t.meta["template"] for t in syn + gen})
+    if gen:  # measured, not assumed: no SFT program has a held-out template's shape
+        banned = held_out_shapes()
+        held_out_shapes_in_sft = sum(shape_key(t.reference_code) in banned for t in syn + gen)
     timings["data_s"] = round(time.time() - t0, 1)
     print(f"data: {len(syn)} synthetic ({sum(t.difficulty > 1 for t in syn)} multi-hunk, "
-          f"{len(sft_templates)} templates), {len(renamed)} renamed copies, {len(he)} HumanEval train pairs "
+          f"{len(sft_templates)} templates), {len(renamed)} renamed copies, {len(gen)} generated, {len(he)} HumanEval train pairs "
           f"({timings['data_s']} s)", flush=True)
 
     # -- tokenizer and model ------------------------------------------------------------
     t0 = time.time()
-    tok = tiny.train_tokenizer((p + c for p, c in pairs), vocab_size=cfg.vocab_size)
-    model = tiny.init_model(tok, cfg.model, seed=cfg.seed)
+    if cfg.init_from:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.init_from, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(cfg.init_from, local_files_only=True,
+                                                     dtype=torch.float32)
+    else:
+        tok = tiny.train_tokenizer((p + c for p, c in pairs), vocab_size=cfg.vocab_size)
+        model = tiny.init_model(tok, cfg.model, seed=cfg.seed)
     n_params = sum(p.numel() for p in model.parameters())
     timings["tokenizer_s"] = round(time.time() - t0, 1)
     print(f"tokenizer: {len(tok)} tokens; model: {n_params:,} parameters", flush=True)
@@ -262,7 +288,8 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
         "config": to_record(cfg),
         "sft_templates": sft_templates,
         "data": {"synthetic_train_pairs": len(syn), "humaneval_train_pairs": len(he),
-                 "renamed_pairs": len(renamed),
+                 "renamed_pairs": len(renamed), "generated_pairs": len(gen),
+                 **({"held_out_shapes_in_sft": held_out_shapes_in_sft} if gen else {}),
                  "relabelled_pairs": sum(t.task_id.endswith("~relabelled") for t in renamed),
                  "flipped_pairs": sum(t.task_id.endswith("~flipped") for t in renamed),
                  "multi_hunk_pairs": sum(t.difficulty > 1 for t in syn),
