@@ -74,7 +74,7 @@ class _Namer:
     """Fresh names for one program: the function two to four parts, variables one or two."""
 
     def __init__(self, rng: random.Random, words: Sequence[str]):
-        self.rng, self.words, self.taken = rng, words, set(_LETTERS)
+        self.rng, self.words, self.taken = rng, words, set()
 
     def var(self) -> str:
         return fresh_name(self.rng, self.taken, words=self.words, parts=1 + (self.rng.random() < 0.3))
@@ -267,7 +267,9 @@ def shape_key(code: str) -> str:
 @functools.lru_cache(maxsize=4)
 def held_out_shapes(seed: int = 0) -> frozenset[str]:
     """The :func:`shape_key` of every synthetic template outside the training split (``val``,
-    ``test``) for split seed ``seed``, from the same census of drafts the split is made of."""
+    ``test``) for split seed ``seed``, from the same census of drafts the split is made of
+    (the stream :func:`labkit.env.synthetic.family_templates` draws: every template the split
+    assigns is met in it)."""
     keys = set()
     for family in synthetic.FAMILIES:
         rng = random.Random(f"labkit.synthetic.templates:{family}")
