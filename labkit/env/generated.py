@@ -31,6 +31,7 @@ references are run in this process to compute the expected outputs: the grammar 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import hashlib
 import random
@@ -150,7 +151,8 @@ def _list_loop(rng: random.Random, namer: _Namer) -> GeneratedProgram:
         "best": (f"{xs}[0]", None, acc),
     }[update]
     lines = []
-    if update == "best" or rng.random() < 0.3:
+    guarded = update == "best" or rng.random() < 0.3
+    if guarded:
         lines += [f"if not {xs}:", f"    return {'[]' if update == 'collect' else rng.randint(-1, 1)}"]
     lines.append(f"{acc} = {init}")
     lines.append(f"for {x} in {xs}:")
@@ -168,7 +170,7 @@ def _list_loop(rng: random.Random, namer: _Namer) -> GeneratedProgram:
     lines.append(f"return {ret}")
     returns = "list[int]" if update == "collect" and ret == acc else "int"
     return GeneratedProgram(namer.function(), f"{xs}: list[int]", returns, _indent(lines),
-                            synthetic._int_list(-4, 12, 6), (([],),) if lines[0].startswith("if not") else (([1],),),
+                            synthetic._int_list(-4, 12, 6), (([],),) if guarded else (([1],),),
                             "list_loop")
 
 
@@ -234,8 +236,12 @@ def draw_program(rng: random.Random, words: Sequence[str] = ()) -> GeneratedProg
 # ----------------------------------------------------------------------------- shapes
 
 
+_BUILTINS = frozenset(dir(builtins))
+
+
 class _Numbered(ast.NodeTransformer):
-    """Every identifier (names, parameters, attributes stay) numbered by first appearance."""
+    """Every identifier numbered by first appearance (builtins and attributes stay:
+    ``sorted(xs)`` and ``len(xs)`` are different shapes)."""
 
     def __init__(self):
         self.ids: dict[str, str] = {}
@@ -244,7 +250,7 @@ class _Numbered(ast.NodeTransformer):
         return self.ids.setdefault(name, f"v{len(self.ids)}")
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id not in {"abs", "len", "max", "min", "range", "str", "int", "list", "sum"}:
+        if node.id not in _BUILTINS:
             node.id = self._id(node.id)
         return node
 

@@ -90,7 +90,8 @@ class PretrainConfig:
     init_from: str = ""
     """A model folder to continue from (its tokenizer and weights) instead of a new tokenizer
     and a randomly initialised model: continued SFT, e.g. the shipped model on new data for a
-    few hundred steps. Empty = build from scratch."""
+    few hundred steps; ``vocab_size`` and ``model`` are then the folder's, not this config's.
+    Empty = build from scratch."""
     bugs_per_problem: int = 3
     """Validated buggy variants per synthetic training problem (each one SFT pair)."""
     humaneval_bugs_per_problem: int = 1
@@ -258,12 +259,9 @@ def pretrain_tiny(cfg: PretrainConfig, argv: list[str] | None = None) -> dict:
 
     # -- tokenizer and model ------------------------------------------------------------
     t0 = time.time()
-    if cfg.init_from:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(cfg.init_from, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(cfg.init_from, local_files_only=True,
-                                                     dtype=torch.float32)
+    if cfg.init_from:  # the lab's loader: its folder checks and errors, float32 on the CPU
+        start = load_policy(cfg.init_from, reference="none", device="cpu", dtype="float32")
+        tok, model = start.tokenizer, start.model
     else:
         tok = tiny.train_tokenizer((p + c for p, c in pairs), vocab_size=cfg.vocab_size)
         model = tiny.init_model(tok, cfg.model, seed=cfg.seed)
