@@ -38,6 +38,24 @@ def _load(args) -> list:
         raise CLIError(str(e)) from None
 
 
+def _load_balanced(args) -> list:
+    """``args.n`` tasks of the split with at most ``args.per_template`` per template."""
+    from labkit.env.balanced import balanced_tasks
+
+    n = args.n
+
+    def load(problems: int) -> list:
+        args.n = problems
+        return _load(args)
+
+    try:
+        return balanced_tasks(n, args.per_template, load)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    finally:
+        args.n = n
+
+
 # ----------------------------------------------------------------------------- tasks
 
 
@@ -191,13 +209,19 @@ def cmd_eval(args) -> int:
     from labkit.policy.evaluate import EvalConfig, evaluate
     from labkit.policy.loading import PolicyLoadError, load_policy
 
+    if args.per_template is not None and args.source != "synthetic":
+        raise CLIError(f"--per-template needs --source synthetic (its tasks have templates), "
+                       f"not {args.source!r}")
     try:
         policy = load_policy(args.policy, reference="none")
     except PolicyLoadError as e:
         raise CLIError(str(e)) from None
     if args.source == "synthetic" and not args.n:
         args.n = 200
-    tasks = _load(args)
+    if args.per_template is not None:
+        tasks = _load_balanced(args)
+    else:
+        tasks = _load(args)
     if not tasks:
         raise CLIError(f"no {args.source} tasks in split {args.split!r}")
     # out-of-distribution rows beside the main one: bug-injected HumanEval (test split) and,
@@ -224,7 +248,8 @@ def cmd_eval(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "eval_per_task.csv", index=False)
-    print(f"{rep['tasks']} {args.source} {args.split} tasks, {cfg.k} samples each at "
+    cap = f", at most {args.per_template} per template" if args.per_template else ""
+    print(f"{rep['tasks']} {args.source} {args.split} tasks{cap}, {cfg.k} samples each at "
           f"T={cfg.temperature}")
     print(pd.Series(rep["by_bug_kinds"], name="pass@1 by bug kind").to_string())
     rows = {f"{args.source}/{args.split}": rep, **ood_reps}
@@ -233,6 +258,7 @@ def cmd_eval(args) -> int:
     print(pd.DataFrame({name: {k: r.get(k) for k in keys} for name, r in rows.items()}).T
           .to_string(float_format=lambda x: f"{x:.3f}"))
     summary = {k: v for k, v in rep.items() if k != "per_task"}
+    summary["per_template"] = args.per_template
     summary["out_of_distribution"] = {name: {k: r.get(k) for k in keys} for name, r in ood_reps.items()}
     (out / "eval_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"per-task table: {out / 'eval_per_task.csv'}")
@@ -424,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip the out-of-distribution row (bug-injected HumanEval)")
     ev.add_argument("--humanevalfix", metavar="FILE",
                     help="also evaluate on a HumanEvalPack-format file (HumanEvalFix)")
+    ev.add_argument("--per-template", type=int, default=None, metavar="CAP",
+                    help="synthetic: at most CAP tasks of any one template, the --n tasks filled "
+                         "from further down the stream (default: the split's first --n as drawn)")
     ev.add_argument("--max-new-tokens", type=int, default=320)
     ev.add_argument("--out", default="runs/eval")
     ev.set_defaults(func=cmd_eval)

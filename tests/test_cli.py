@@ -54,6 +54,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
         (("tasks", "validate", "--source", "synthetic"), "pass --n N"),
         (("train", "--set", "stepz=3"), "unknown key"),
         (("eval", "--policy", str(tmp_path)), "no config.json"),
+        (("eval", "--source", "humaneval", "--per-template", "3"), "needs --source synthetic"),
     ]
     for args, msg in cases:
         p = labkit(*args)

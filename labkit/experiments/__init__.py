@@ -84,6 +84,10 @@ class ExperimentConfig:
     """After training: the start policy and every run's final checkpoint on these many
     held-out tasks of ``split``, one sampling seed (``labkit.experiments.paired``); the
     per-task changes give each seed's paired change. 0 = off."""
+    paired_per_template: int | None = None
+    """At most this many of the ``paired_tasks`` from any one template, the list filled from
+    further down the stream (:func:`labkit.env.balanced.balanced_tasks`). ``None``: the
+    split's first tasks as drawn, where one ``test`` template is 28% of 200."""
     paired_k: int = 4
     """Samples per task for each run's checkpoint in the paired evaluation (T = 0.7)."""
     paired_start_k: int = 16
@@ -224,7 +228,7 @@ def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
             "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
             "task_seed": exp.task_seed, "seeds": list(exp.seeds),
             "paired": {"tasks": exp.paired_tasks, "k": exp.paired_k, "start_k": exp.paired_start_k,
-                       "temperature": 0.7}}
+                       "temperature": 0.7, "per_template": exp.paired_per_template}}
 
 
 def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None = None) -> dict:
@@ -236,7 +240,8 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     what carried over to ``split``). Returns the raw paired evaluation of ``split`` (also
     stored under ``results["paired"]``)."""
     methods = methods or list(results["methods"])
-    tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk)
+    tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk,
+                           exp.paired_per_template)
     pe = _add_paired_on(results, exp, methods, tasks, "paired")
     if exp.train_split != "train":
         # The leak pool that defines the held-out splits holds training-split references only;
@@ -306,9 +311,11 @@ def paired_lines(results: dict) -> list[str]:
     (and, labelled, the hierarchical and task-only bootstraps), on the held-out split and, when
     measured, on new instances of the templates trained on."""
     setting = results.get("setting", {})
-    titles = {"paired": f"Paired held-out change ({{tasks}} tasks of `{setting.get('split')}`",
+    cap = setting.get("paired", {}).get("per_template")
+    split = f"`{setting.get('split')}`" + (f", at most {cap} per template" if cap else "")
+    titles = {"paired": f"Paired held-out change ({{tasks}} tasks of {split}",
               "paired_clean": f"Paired held-out change without the tasks a reference trained on "
-                              f"solves ({{tasks}} tasks of `{setting.get('split')}`",
+                              f"solves ({{tasks}} tasks of {split}",
               "paired_trained": "Paired change on the templates trained on ({tasks} new instances "
                                 f"of `{setting.get('train_split')}`"}
     lines: list[str] = []
