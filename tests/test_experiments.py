@@ -478,6 +478,6 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
 def test_the_training_sampler_temperature_reaches_the_runs_and_the_report():
     from labkit.experiments import ExperimentConfig, base_train_config
 
-    assert base_train_config(ExperimentConfig(), 0, "r").sampling.temperature == 1.0
+    assert base_train_config(ExperimentConfig(), 0, "r").sampling.temperature == 1.6
     hot = base_train_config(ExperimentConfig(temperature=1.3), 0, "r")
     assert hot.sampling.temperature == 1.3 and hot.eval_temperature == 0.7  # evaluation stays

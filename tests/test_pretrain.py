@@ -49,6 +49,9 @@ def test_pretrain_tiny_builds_a_loadable_model_and_an_honest_manifest(tmp_path):
         assert key in test
     assert 0.0 <= test["pass_at_1"] <= test["pass_at_2"] <= 1.0
     assert manifest["quality"]["humaneval_test"]["tasks"] == 1
+    # the balanced row: as many tasks, at most eval_per_template (12) of any one template
+    assert manifest["quality"]["synthetic_test_balanced"]["tasks"] == 2
+    assert manifest["config"]["eval_per_template"] == 12
     # a set with no task at this size (two-bug tasks often fail validation) is left out
     assert all(q["tasks"] > 0 for q in manifest["quality"].values())
 

@@ -84,10 +84,11 @@ class ExperimentConfig:
     """After training: the start policy and every run's final checkpoint on these many
     held-out tasks of ``split``, one sampling seed (``labkit.experiments.paired``); the
     per-task changes give each seed's paired change. 0 = off."""
-    paired_per_template: int | None = None
+    paired_per_template: int | None = 12
     """At most this many of the ``paired_tasks`` from any one template, the list filled from
-    further down the stream (:func:`labkit.env.balanced.balanced_tasks`). ``None``: the
-    split's first tasks as drawn, where one ``test`` template is 28% of 200."""
+    further down the stream (:func:`labkit.env.balanced.balanced_tasks`; 12 since
+    2026-12-03). ``0`` or ``None``: the split's first tasks as drawn, where one ``test``
+    template is 28% of 200 (every result recorded before that date)."""
     paired_k: int = 4
     """Samples per task for each run's checkpoint in the paired evaluation (T = 0.7)."""
     paired_start_k: int = 16
@@ -105,11 +106,13 @@ class ExperimentConfig:
     """G: completions sampled per task and update (``sampling.group_size``, the GRPO group;
     at most 320 new tokens). A larger group leaves fewer all-equal groups (zero
     advantage, no signal) at G times the sampling and sandbox cost per task."""
-    temperature: float = 1.0
-    """The training sampler's temperature (``sampling.temperature``). A hotter sampler leaves
-    fewer all-equal groups on a sure model (the shipped one at T = 1.6: 35.5% against 55% on
-    held-out templates, docs/tiny_model.md) at a lower pass rate per sample. Evaluation
-    always samples at 0.7."""
+    temperature: float = 1.6
+    """The training sampler's temperature (``sampling.temperature``; 1.6 since 2026-12-03,
+    every result recorded before it ran at 1.0). A hotter sampler leaves fewer all-equal
+    groups on a sure model: the shipped one on the balanced held-out list at T = 1.6 has
+    11.5% all-equal groups, entropy 0.245, pass@1 0.244 / pass@8 0.515, where at T = 1.0
+    (uncapped list) 55% and 0.048 (docs/tiny_model.md); GRPO gained as much held-out at 1.6
+    as at 1.0 (docs/results/probes/tiny_h_t16_balanced). Evaluation always samples at 0.7."""
     sampler: str = "race"
     """How the training sampler draws a token (``sampling.sampler``): ``race`` (every recorded
     result) or ``inverse_cdf``, the same distribution at a fraction of the CPU time and

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.env.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
+from labkit.env.balanced import balanced_tasks
 from labkit.env.generated import generated_tasks, held_out_shapes, shape_key
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
@@ -117,8 +118,13 @@ class PretrainConfig:
     """Also save the model every N SFT steps under ``out/snapshots/step_N`` (0 = never): one
     run then shows how held-out quality moves with training length (mid-schedule snapshots:
     their learning rate had not decayed yet)."""
-    eval_temperature: float = 1.0
-    """The RL sampling temperature: the starting policy is measured where RL will sample it."""
+    eval_temperature: float = 1.6
+    """The RL sampling temperature (the experiments', ``ExperimentConfig.temperature``): the
+    starting policy is measured where RL will sample it."""
+    eval_per_template: int = 12
+    """Also measure ``eval_synthetic_tasks`` held-out ``test`` tasks with at most this many of
+    any one template (row ``synthetic_test_balanced``, :mod:`labkit.env.balanced`); one
+    template is 28% of the first 200 as drawn. 0 = no such row."""
 
 
 def _pairs(tasks) -> list[tuple[str, str]]:
@@ -167,7 +173,8 @@ def synthetic_train_tasks(n: int, seed: int, bugs_per_problem: int, procs: int =
 
 def measure_quality(folder: str | Path, cfg: PretrainConfig) -> dict[str, dict]:
     """The manifest's quality rows of the model in ``folder``: pass@1 / pass@k, greedy, token
-    entropy, all-equal groups and names kept on the held-out ``test`` templates, new instances
+    entropy, all-equal groups and names kept on the held-out ``test`` templates (as drawn,
+    and balanced: at most ``cfg.eval_per_template`` per template), new instances
     of training templates (``in_template``), two-bug ``test`` tasks and bug-injected HumanEval,
     sampled at ``cfg.eval_temperature`` (the trainer's), ``cfg.eval_k`` samples a task. A set
     with no task at this size (two-bug tasks often fail validation on tiny budgets) is left
@@ -177,6 +184,9 @@ def measure_quality(folder: str | Path, cfg: PretrainConfig) -> dict[str, dict]:
     n = cfg.eval_synthetic_tasks
     sets = {
         "synthetic_test": load_tasks("synthetic", split="test", n=n, seed=0),
+        "synthetic_test_balanced": balanced_tasks(
+            n, cfg.eval_per_template, lambda m: load_tasks("synthetic", split="test", n=m, seed=0))
+        if cfg.eval_per_template else [],
         "synthetic_in_template": load_tasks("synthetic", split="in_template", n=n // 2, seed=0),
         "synthetic_multi_hunk_test": load_tasks("synthetic", split="test", n=n, seed=0, n_bugs=2,
                                                 multi_hunk=True)[: n // 2],
@@ -209,7 +219,8 @@ def remeasure_quality(cfg: PretrainConfig, argv: list[str] | None = None) -> dic
         "command": "python -m labkit pretrain-tiny --evaluate-only "
                    + " ".join(shlex.quote(a) for a in (argv or [])),
         "eval_temperature": cfg.eval_temperature, "eval_k": cfg.eval_k,
-        "eval_synthetic_tasks": cfg.eval_synthetic_tasks, "seconds": round(time.time() - t0, 1)}
+        "eval_synthetic_tasks": cfg.eval_synthetic_tasks,
+        "eval_per_template": cfg.eval_per_template, "seconds": round(time.time() - t0, 1)}
     path.write_text(json.dumps(manifest, indent=2))
     return manifest
 
