@@ -21,7 +21,8 @@ def test_forward_flops_golden():
 @pytest.mark.slow
 def test_step_bench_runs_and_reports_phases_and_the_floor():
     p = subprocess.run([sys.executable, "-m", "labkit.bench", "step", "--steps", "2", "--tasks", "1",
-                        "--group", "2", "--sampler", "inverse_cdf"], capture_output=True, text=True,
+                        "--group", "2", "--sampler", "inverse_cdf", "--temperature", "1.3"],
+                       capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -31,6 +32,7 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
     assert out["ratio"] == pytest.approx(out["step_s"] / out["floor_s"], rel=0.02)
     assert out["decode_positions_incl_padding"] >= out["completion_tokens"] > 0
     assert out["sampler"] == "inverse_cdf"  # the flag reaches the experiments' sampling config
+    assert out["temperature"] == 1.3
 
 
 @pytest.mark.slow

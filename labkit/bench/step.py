@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the experiments')")
     p.add_argument("--sampler", choices=SAMPLERS, default=None,
                    help="how decoding draws a token (sampling.sampler; default: the experiments')")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the training sampler's temperature (default: the experiments', 1.6 since "
+                        "2026-12-03; the figures recorded before ran at 1.0)")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be >= 2 (the first step is a warm-up)")
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
                            eval_tasks=0)
     if a.sampler:
         exp = dataclasses.replace(exp, sampler=a.sampler)
+    if a.temperature is not None:
+        if a.temperature <= 0:
+            p.error(f"--temperature must be > 0, got {a.temperature}")
+        exp = dataclasses.replace(exp, temperature=a.temperature)
     run_dir = tempfile.mkdtemp(prefix="bench-step-")
     cfg = base_train_config(exp, seed=0, run_dir=run_dir)
     cfg.steps, cfg.log_rollouts, cfg.checkpoint_every = a.steps, 0, 10 ** 6
@@ -170,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
            "decode_batch": cfg.sampling.batch_size, "sampler": cfg.sampling.sampler,
+           "temperature": cfg.sampling.temperature,
            "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
