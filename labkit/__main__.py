@@ -23,7 +23,8 @@ def _emit(obj: dict) -> None:
     print(json.dumps(obj, sort_keys=False, default=str), flush=True)
 
 
-def _load(args) -> list:
+def _load(args, n: int | None = None) -> list:
+    """The tasks ``args`` name (``n``: that many problems instead of ``args.n``)."""
     from labkit.env.tasks import load_tasks
 
     if args.source == "humanevalpack" and not args.path:
@@ -33,7 +34,8 @@ def _load(args) -> list:
     if args.path and not Path(args.path).is_file():
         raise CLIError(f"--path {args.path!r}: no such file")
     try:
-        return load_tasks(args.source, split=args.split, n=args.n, seed=args.seed, path=args.path)
+        return load_tasks(args.source, split=args.split, n=n or args.n, seed=args.seed,
+                          path=args.path)
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(str(e)) from None
 
@@ -42,18 +44,10 @@ def _load_balanced(args) -> list:
     """``args.n`` tasks of the split with at most ``args.per_template`` per template."""
     from labkit.env.balanced import balanced_tasks
 
-    n = args.n
-
-    def load(problems: int) -> list:
-        args.n = problems
-        return _load(args)
-
     try:
-        return balanced_tasks(n, args.per_template, load)
+        return balanced_tasks(args.n, args.per_template, lambda m: _load(args, n=m))
     except ValueError as e:
         raise CLIError(str(e)) from None
-    finally:
-        args.n = n
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -212,6 +206,8 @@ def cmd_eval(args) -> int:
     if args.per_template is not None and args.source != "synthetic":
         raise CLIError(f"--per-template needs --source synthetic (its tasks have templates), "
                        f"not {args.source!r}")
+    if args.per_template is not None and args.per_template < 1:
+        raise CLIError(f"--per-template must be >= 1 (tasks per template), got {args.per_template}")
     try:
         policy = load_policy(args.policy, reference="none")
     except PolicyLoadError as e:

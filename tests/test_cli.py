@@ -55,6 +55,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
         (("train", "--set", "stepz=3"), "unknown key"),
         (("eval", "--policy", str(tmp_path)), "no config.json"),
         (("eval", "--source", "humaneval", "--per-template", "3"), "needs --source synthetic"),
+        (("eval", "--source", "synthetic", "--per-template", "0"), "--per-template must be >= 1"),
     ]
     for args, msg in cases:
         p = labkit(*args)

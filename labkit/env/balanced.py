@@ -11,7 +11,9 @@ has ``n`` of them:
 
 so the list is still the template split's own tasks (same problems, bugs and tests as
 :func:`~labkit.env.tasks.load_tasks` builds), only reweighted towards templates the stream
-draws rarely. The uncapped list stays the default everywhere; a result says which one it used.
+draws rarely. The experiments pair on such a list (``ExperimentConfig.paired_per_template``,
+12); ``load_tasks`` and ``eval`` give the list as drawn unless asked (``--per-template``), and
+a result says which one it used.
 """
 
 from __future__ import annotations
