@@ -23,8 +23,7 @@ def _emit(obj: dict) -> None:
     print(json.dumps(obj, sort_keys=False, default=str), flush=True)
 
 
-def _load(args, n: int | None = None) -> list:
-    """The tasks ``args`` name (``n``: that many problems instead of ``args.n``)."""
+def _load(args) -> list:
     from labkit.env.tasks import load_tasks
 
     if args.source == "humanevalpack" and not args.path:
@@ -34,18 +33,17 @@ def _load(args, n: int | None = None) -> list:
     if args.path and not Path(args.path).is_file():
         raise CLIError(f"--path {args.path!r}: no such file")
     try:
-        return load_tasks(args.source, split=args.split, n=n or args.n, seed=args.seed,
-                          path=args.path)
+        return load_tasks(args.source, split=args.split, n=args.n, seed=args.seed, path=args.path)
     except (ValueError, FileNotFoundError) as e:
         raise CLIError(str(e)) from None
 
 
 def _load_balanced(args) -> list:
     """``args.n`` tasks of the split with at most ``args.per_template`` per template."""
-    from labkit.env.balanced import balanced_tasks
+    from labkit.env.balanced import balanced_synthetic
 
     try:
-        return balanced_tasks(args.n, args.per_template, lambda m: _load(args, n=m))
+        return balanced_synthetic(args.split, args.n, args.per_template, seed=args.seed)
     except ValueError as e:
         raise CLIError(str(e)) from None
 

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from labkit.env.records import RepairTask
+from labkit.env.tasks import load_tasks
 
 MAX_GROWTH = 16
 """:func:`balanced_tasks` draws at most this many times ``n`` problems before it gives up."""
@@ -72,3 +73,11 @@ def balanced_tasks(n: int, cap: int, load: Callable[[int], Sequence[RepairTask]]
                              f"problems ({templates} templates); ask for fewer tasks or a "
                              f"larger per-template cap")
         m *= 2
+
+
+def balanced_synthetic(split: str | None, n: int, cap: int, *, seed: int = 0,
+                       problems: int | None = None, **spec) -> list[RepairTask]:
+    """:func:`balanced_tasks` over ``load_tasks("synthetic", split, n=m, seed=seed, **spec)``:
+    ``n`` synthetic tasks of ``split``, at most ``cap`` of any one template."""
+    return balanced_tasks(n, cap, lambda m: load_tasks("synthetic", split=split, n=m, seed=seed,
+                                                        **spec), problems)

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 from labkit.config import from_dict
-from labkit.env.balanced import balanced_tasks
+from labkit.env.balanced import balanced_synthetic
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.loops.trainer import TrainConfig, latest_checkpoint
@@ -65,14 +65,11 @@ def held_out_tasks(n_tasks: int, split: str = "test", seed: int = 0, n_bugs: int
     any one template, drawing further into the stream to fill the list
     (:func:`labkit.env.balanced.balanced_tasks`)."""
     per = 4 if multi_hunk else 1  # multi-hunk: about 40% of problems give one
-
-    def load(problems: int) -> list:
-        return load_tasks("synthetic", split=split, n=problems, seed=seed, n_bugs=n_bugs,
-                          multi_hunk=multi_hunk)
-
+    kinds = {"n_bugs": n_bugs, "multi_hunk": multi_hunk}
     if per_template:
-        return balanced_tasks(n_tasks, per_template, load, problems=2 * n_tasks * per)
-    return load(n_tasks * per)[:n_tasks]
+        return balanced_synthetic(split, n_tasks, per_template, seed=seed,
+                                  problems=2 * n_tasks * per, **kinds)
+    return load_tasks("synthetic", split=split, n=n_tasks * per, seed=seed, **kinds)[:n_tasks]
 
 
 def cache_name(task_ids: Sequence[str]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.env.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
-from labkit.env.balanced import balanced_tasks
+from labkit.env.balanced import balanced_synthetic
 from labkit.env.generated import generated_tasks, held_out_shapes, shape_key
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
@@ -184,8 +184,7 @@ def measure_quality(folder: str | Path, cfg: PretrainConfig) -> dict[str, dict]:
     n = cfg.eval_synthetic_tasks
     sets = {
         "synthetic_test": load_tasks("synthetic", split="test", n=n, seed=0),
-        "synthetic_test_balanced": balanced_tasks(
-            n, cfg.eval_per_template, lambda m: load_tasks("synthetic", split="test", n=m, seed=0))
+        "synthetic_test_balanced": balanced_synthetic("test", n, cfg.eval_per_template, seed=0)
         if cfg.eval_per_template else [],
         "synthetic_in_template": load_tasks("synthetic", split="in_template", n=n // 2, seed=0),
         "synthetic_multi_hunk_test": load_tasks("synthetic", split="test", n=n, seed=0, n_bugs=2,
