@@ -272,3 +272,82 @@ def test_generated_code_with_syntax_warnings_parses_silently():
         warnings.simplefilter("error")
         assert r_compile(code) == 1.0
         assert _parse(code) is not None
+
+
+class _CountingSandbox:
+    """Wraps a real sandbox and records the batches it was asked to check."""
+
+    def __init__(self, inner):
+        self.inner, self.batches = inner, []
+
+    def run_many(self, candidates):
+        self.batches.append([c.code for c in candidates])
+        return self.inner.run_many(candidates)
+
+
+def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
+    """A batch with repeated programs (as a GRPO group has) is checked once per distinct
+    program, on a thread beside the code-only components; every component equals what
+    scoring each candidate alone gives (the naive second implementation)."""
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.env.sandbox import Sandbox
+
+    suite = TestSuite(cases=tuple(IOCase(args=(xs,), expected=sum(xs), name=f"case_{i}")
+                                  for i, xs in enumerate(([1, 2], [], [5, -1, 3]))))
+    task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
+                      buggy_code=BUGGY, reference_code=FIXED, tests=suite, entry_point="f")
+    loops = "def f(xs):\n    while True:\n        pass\n"
+    codes = [FIXED, BUGGY, FIXED, "def f(xs:\n", loops, FIXED, loops, BUGGY]
+    cfg = fb.FeedbackConfig(noise_p=0.3, mode="noisy")
+    with Sandbox(fb_sandbox_config()) as inner:
+        sb = _CountingSandbox(inner)
+        together = fb.evaluate_many([task] * len(codes), codes, sandbox=sb, config=cfg, seed=7)
+        assert sb.batches == [[FIXED, BUGGY, "def f(xs:\n", loops]]
+        alone = [fb.evaluate_many([task], [c], sandbox=inner, config=cfg, seed=7)[0]
+                 for c in codes]
+    # the noisy regime draws per batch position: compare the deterministic components, and
+    # the noisy one against a draw at the same position
+    for i, (a, b) in enumerate(zip(together, alone)):
+        for k in ("r_test", "r_pass", "r_compile", "r_precision", "r_style", "hack", "noop"):
+            assert a.components[k] == b.components[k], (i, k)
+        assert (a.result.status, a.result.passed, a.result.total) == \
+            (b.result.status, b.result.passed, b.result.total)
+        assert a.style == b.style
+        want = fb.r_feedback(b.result, "noisy", noise_p=0.3, levels=cfg.coarse_levels,
+                             rng=__import__("random").Random(f"7:{i}:0"))
+        assert a.components["r_feedback"] == want
+    assert together[4].result.status is Status.TIMEOUT and together[6].result is together[4].result
+    assert together[0].components["r_pass"] == 1.0 and together[1].components["noop"] == 1.0
+
+
+def fb_sandbox_config():
+    from labkit.env.sandbox import SandboxConfig
+
+    return SandboxConfig(workers=2, timeout_s=2.0, test_timeout_s=0.25)
+
+
+def test_run_distinct_keys_on_the_whole_check():
+    """Copies share one check only when code, entry point, deadline and test suite agree."""
+    from labkit.env.records import Candidate, IOCase, TestSuite
+    from labkit.env.sandbox import run_distinct
+
+    class Echo:
+        def __init__(self):
+            self.seen = []
+
+        def run_many(self, candidates):
+            self.seen.append(list(candidates))
+            return [SandboxResult(Status.PASSED, len(c.code), len(c.code)) for c in candidates]
+
+    s1 = TestSuite(cases=(IOCase(args=(1,), expected=1, name="a"),))
+    s2 = TestSuite(cases=(IOCase(args=(1,), expected=1, name="a"),))  # equal, another object
+    cands = [Candidate("x", s1, "f"), Candidate("x", s1, "f"), Candidate("x", s2, "f"),
+             Candidate("x", s1, "g"), Candidate("x", s1, "f", timeout_s=1.0),
+             Candidate("yy", s1, "f"), Candidate("x", s1, "f", id="other id")]
+    echo = Echo()
+    out = run_distinct(echo, cands)
+    assert len(echo.seen) == 1 and [c for c in echo.seen[0]] == [cands[i] for i in (0, 2, 3, 4, 5)]
+    assert [r.passed for r in out] == [1, 1, 1, 1, 1, 2, 1]
+    assert out[1] is out[0] and out[6] is out[0] and out[2] is not out[0]
+    echo = Echo()
+    assert run_distinct(echo, cands[2:6]) and echo.seen == [cands[2:6]]  # nothing repeated

@@ -47,12 +47,13 @@ import tempfile
 import tokenize
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
 from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status, TestOutcome
-from labkit.env.sandbox import default_sandbox
+from labkit.env.sandbox import default_sandbox, run_distinct
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
@@ -230,9 +231,11 @@ def r_feedback_of_record(record: Mapping, config: FeedbackConfig, seed: int = 0)
 # ----------------------------------------------------------------------------- precision
 
 
+@functools.lru_cache(maxsize=8192)
 def normalise_code(code: str) -> str:
     """Code with comments, docstrings and whitespace normalised away (via the ast);
-    falls back to stripping trailing whitespace when the code does not parse."""
+    falls back to stripping trailing whitespace when the code does not parse. Memoised: a
+    step compares every candidate with its task's buggy code, 8 times the same one."""
     try:
         return ast.unparse(_parse(code))
     except (SyntaxError, ValueError):
@@ -635,8 +638,14 @@ def evaluate_many(
     progress: ProgressTracker | None = None,
     seed: int = 0,
 ) -> list[Feedback]:
-    """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat,
-    one ruff process for all, then the pure component functions.
+    """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat
+    (each distinct program checked once, :func:`~labkit.env.sandbox.run_distinct`), one ruff
+    process for all, then the pure component functions.
+
+    The sandbox batch runs on a helper thread while this one computes the components that
+    read only the code (style, precision, no-op): the checks run in the sandbox's worker
+    processes, so the two overlap instead of the parent's interpreter work waiting for the
+    last check and the workers idling during it. The results are the same either way.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
     ``progress`` (optional) is updated in input order and pays ``r_progress``. ``seed`` seeds
@@ -649,9 +658,14 @@ def evaluate_many(
         sandbox = default_sandbox()
     cands = [Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
              for t, c in zip(tasks, codes)]
-    runs = [sandbox.run_many(cands) for _ in range(cfg.repeats)]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-sandbox") as pool:
+        checks = pool.submit(lambda: [run_distinct(sandbox, cands) for _ in range(cfg.repeats)])
+        styles = style_many(codes, cfg)
+        precision = [r_precision(t.buggy_code, c, cfg.precision_lambda, cfg.precision_distance)
+                     for t, c in zip(tasks, codes)]
+        noop = [is_noop(t.buggy_code, c) for t, c in zip(tasks, codes)]
+        runs = checks.result()
     public = _public_views(tasks, codes, runs[0], sandbox) if cfg.mode == "public" else None
-    styles = style_many(codes, cfg)
     out = []
     for i, (task, code) in enumerate(zip(tasks, codes)):
         result = runs[0][i]
@@ -664,12 +678,11 @@ def evaluate_many(
                                       rng=random.Random(f"{seed}:{i}:{k}"))
                            for k, run in enumerate(runs)) / len(runs),
             r_compile=r_compile(code, result),
-            r_precision=r_precision(task.buggy_code, code, cfg.precision_lambda,
-                                    cfg.precision_distance),
+            r_precision=precision[i],
             r_style=styles[i].score,
             r_progress=progress.update(task.bug_kinds, result.ok) if progress else 0.0,
             hack=1.0 if flags else 0.0,
-            noop=1.0 if is_noop(task.buggy_code, code) else 0.0,
+            noop=1.0 if noop[i] else 0.0,
         )
         out.append(Feedback(task.task_id, comps, result, styles[i], flags))
     return out

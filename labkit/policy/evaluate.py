@@ -25,7 +25,7 @@ from typing import Sequence
 
 from labkit.env.feedback import defines_entry_point, is_noop
 from labkit.env.records import Candidate, RepairTask
-from labkit.env.sandbox import default_sandbox
+from labkit.env.sandbox import default_sandbox, run_distinct
 from labkit.policy.rollout import SamplingConfig, pass_at_k, sample
 
 
@@ -57,7 +57,7 @@ def _run(policy, tasks, cfg: SamplingConfig, sandbox, progress):
     by_id = {t.task_id: t for t in tasks}
     cands = [Candidate(code=r.code, tests=by_id[r.task_id].tests,
                        entry_point=by_id[r.task_id].entry_point, id=r.task_id) for r in rollouts]
-    results = sandbox.run_many(cands)
+    results = run_distinct(sandbox, cands)  # the k samples often repeat a program
     return rollouts, results
 
 
