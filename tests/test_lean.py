@@ -165,6 +165,39 @@ def test_lean_step_shares_a_prefix_between_rows(make):
         assert torch.allclose(mine.values, theirs.values, atol=1e-5)
 
 
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
+    """Rows in prompt order, the same count per prompt (a sampling chunk before any row is
+    dropped): the query grid is the rows themselves. The step then skips the scatter and
+    gather and returns exactly (bitwise) the logits of the general path; after a row is
+    dropped it takes the general path again."""
+    model = make()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 90, (2, 6), generator=g)
+    att = torch.ones_like(ids)
+    att[0, :2] = 0
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+    fast, general = (lean.LeanStep(model, c, att, capacity=4, rows=rows) for c in caches)
+    assert fast._whole
+    general._whole = False
+    p = pos[rows][:, -1:] + 1
+    for t in range(3):
+        y = torch.randint(3, 90, (6,), generator=g)
+        if t == 2:  # a row of the first prompt has ended: uneven counts, the general path
+            keep = torch.tensor([0, 2, 3, 4, 5])
+            fast.keep(keep)
+            general.keep(keep)
+            assert not fast._whole
+            y, p = y[keep], p[keep]
+        assert torch.equal(fast(y, p), general(y, p))
+        p = p + 1
+
+
 def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, monkeypatch):
     """Without a kept cache the lean decode stops computing rows that have ended; every row's
     tokens and log-probs equal the decode that keeps all rows (with the cache kept)."""

@@ -139,6 +139,10 @@ class LeanStep:
             at = (rows == p_).nonzero().flatten()
             rank[at] = torch.arange(at.numel(), device=rows.device)
         self.slot = rows * self.r + rank  # [b]
+        # every slot filled in order (a sampling chunk's G rows per prompt, none dropped yet):
+        # the grid is the rows themselves, and the scatter and gather below are skipped
+        self._whole = bool(rows.numel() == self.u * self.r
+                           and torch.equal(self.slot, torch.arange(rows.numel(), device=rows.device)))
         self._scores = None
 
     def keep(self, idx: torch.Tensor) -> None:
@@ -156,7 +160,7 @@ class LeanStep:
         Only for small per-row tensors (queries, maxima): the prefix-sized ones stay in the
         grid layout."""
         _, h, g, *rest = x.shape
-        grid = x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
+        grid = x if self._whole else x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
         return grid.view(self.u, self.r, h, g, *rest).transpose(1, 2).reshape(
             self.u, h, self.r * g, *rest)
 
@@ -164,7 +168,7 @@ class LeanStep:
         """Inverse of :meth:`_to_grid`: ``[u, H_kv, r g, ...]`` -> ``[b, H_kv, g, ...]``."""
         u, h, _, *rest = x.shape
         grid = x.view(u, h, self.r, g, *rest).transpose(1, 2).reshape(u * self.r, h, g, *rest)
-        return grid.index_select(0, self.slot)
+        return grid if self._whole else grid.index_select(0, self.slot)
 
     def _attend(self, i: int, q: torch.Tensor) -> torch.Tensor:
         """``softmax([q K_p^T s + mask_p, q K_s^T s + mask_s]) [V_p; V_s]`` for ``q``
