@@ -33,6 +33,7 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
     assert out["decode_positions_incl_padding"] >= out["completion_tokens"] > 0
     assert out["sampler"] == "inverse_cdf"  # the flag reaches the experiments' sampling config
     assert out["temperature"] == 1.3
+    assert 1 <= out["distinct_programs_per_step"] <= 2  # one task x 2 samples per step
 
 
 @pytest.mark.slow

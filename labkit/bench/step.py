@@ -1,13 +1,14 @@
 """One RL training step at the experiments' batch, phase by phase, against this machine's floor.
 
 The step is the experiments' (:func:`labkit.experiments.base_train_config`: 16 tasks x 8
-samples at T = 1.0, up to 320 new tokens, a KL reference, the shipped tiny model) on
+samples at T = 1.6, up to 320 new tokens, a KL reference, the shipped tiny model) on
 synthetic tasks of the ``val`` templates (where the model has room to learn). ``--steps``
 steps run; the first is a warm-up, the others are measured and their phases averaged:
 
 * ``prefill`` (one forward over the batch's distinct prompts, timed again on its own) and
   ``decode`` (the rest of sampling);
-* ``sandbox`` (executing every candidate and the feedback components) and ``reward``
+* ``sandbox`` (executing each distinct candidate, beside the feedback components that read
+  only the code; ``distinct_programs_per_step`` says how many checks ran) and ``reward``
   (reshaping and the advantage estimator);
 * ``update_reference`` (the KL reference's forward), ``update_forward``,
   ``update_backward``, ``update_optimizer``.
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = policy.model.config
     measured = list(zip(rows, batches))[1:]
     phases: dict[str, list[float]] = {}
-    flops, kept, decoded_rows, prompt_tok = [], [], [], []
+    flops, kept, decoded_rows, prompt_tok, distinct = [], [], [], [], []
     for row, rollouts in measured:
         # prefill alone, on this step's distinct prompts
         prompts = list(dict.fromkeys(r.prompt for r in rollouts))
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         kept.append(sum(T))
         decoded_rows.append(len(T) * max(T))
         prompt_tok.append(sum(P))
+        distinct.append(len({(r.task_id, r.code) for r in rollouts}))  # checks the sandbox ran
         for name, value in {
             "prefill": prefill, "decode": max(0.0, row["time/generate"] - prefill),
             "sandbox": row["time/execute"], "reward": row["time/reward"],
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
            "completion_tokens": round(statistics.fmean(kept)),
            "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
+           "distinct_programs_per_step": round(statistics.fmean(distinct), 1),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
            "decode_batch": cfg.sampling.batch_size, "sampler": cfg.sampling.sampler,
