@@ -308,6 +308,28 @@ def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_m
         read_rollouts(cfg.run_dir)
 
 
+def test_rollout_record_to_dict_equals_asdict_and_shares_nothing():
+    """The field-by-field ``to_dict`` gives what ``dataclasses.asdict`` gives (the naive
+    second implementation), with no list or dict shared with the record."""
+    import dataclasses
+
+    from labkit.loops.records import RolloutRecord
+
+    rec = RolloutRecord(step=3, task_id="s/p/bug0", sample=1, buggy_code="x", completion="ab",
+                        code="ab", code_start=0, offsets=[[0, 1], [1, 2]], token_ids=[5, 6],
+                        logprobs=[-0.5, -1.25], components={"r_test": 0.5, "r_pass": 0.0},
+                        reward=0.25, advantages=[0.1, -0.2], status="failed", buggy_r_test=0.25,
+                        tests=[["case_0", True], ["case_1", False]], tests_total=2,
+                        public_tests=["case_0"], flags=["sys_exit"])
+    got = rec.to_dict()
+    assert got == dataclasses.asdict(rec) and list(got) == [f.name for f in dataclasses.fields(rec)]
+    got["offsets"][0][0] = got["tests"][1][1] = 99
+    got["token_ids"].append(7)
+    got["components"]["r_test"] = 1.0
+    assert rec.offsets == [[0, 1], [1, 2]] and rec.tests[1] == ["case_1", False]
+    assert rec.token_ids == [5, 6] and rec.components["r_test"] == 0.5
+
+
 def test_the_trainer_runs_its_sandbox_with_the_configured_limits(toy_model_dir, tmp_path):
     """``sandbox`` in the training config reaches the pool the trainer starts: a per-test limit
     and workers from YAML-style overrides, and a looping candidate costs the per-test limit."""

@@ -9,7 +9,7 @@ naming the file, the line and the field.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -62,7 +62,11 @@ class RolloutRecord:
     """Reward-hack flags of the sandbox's scan (empty for honest attempts)."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The record as a plain dict, equal to ``dataclasses.asdict(self)`` and sharing no
+        list or dict with it. Built field by field: the fields hold numbers, strings and lists
+        of them at most two deep, and ``asdict`` deep-copies every number one call at a time
+        (about a millisecond per record of 60 tokens, a step's 128 of them every step)."""
+        return {f.name: _copied(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "record") -> "RolloutRecord":
@@ -75,6 +79,15 @@ class RolloutRecord:
             raise ValueError(f"{where}: not a rollout record, missing {missing} (written by an "
                              f"older labkit? train the run again)")
         return cls(**{n: d[n] for n in names if n in d})
+
+
+def _copied(value: Any) -> Any:
+    """A list (of values or of lists) or a dict, copied two levels down; anything else as is."""
+    if isinstance(value, list):
+        return [list(v) if isinstance(v, list) else v for v in value]
+    if isinstance(value, dict):
+        return dict(value)
+    return value
 
 
 def read_rollouts(run: RunFolder | str | Path) -> list[dict]:
