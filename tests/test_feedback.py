@@ -1,6 +1,7 @@
 """Feedback components: golden numbers and a naive second implementation."""
 
 import math
+import random
 
 import pytest
 
@@ -290,7 +291,7 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     program, on a thread beside the code-only components; every component equals what
     scoring each candidate alone gives (the naive second implementation)."""
     from labkit.env.records import IOCase, RepairTask, TestSuite
-    from labkit.env.sandbox import Sandbox
+    from labkit.env.sandbox import Sandbox, SandboxConfig
 
     suite = TestSuite(cases=tuple(IOCase(args=(xs,), expected=sum(xs), name=f"case_{i}")
                                   for i, xs in enumerate(([1, 2], [], [5, -1, 3]))))
@@ -299,7 +300,7 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     loops = "def f(xs):\n    while True:\n        pass\n"
     codes = [FIXED, BUGGY, FIXED, "def f(xs:\n", loops, FIXED, loops, BUGGY]
     cfg = fb.FeedbackConfig(noise_p=0.3, mode="noisy")
-    with Sandbox(fb_sandbox_config()) as inner:
+    with Sandbox(SandboxConfig(workers=2, timeout_s=2.0, test_timeout_s=0.25)) as inner:
         sb = _CountingSandbox(inner)
         together = fb.evaluate_many([task] * len(codes), codes, sandbox=sb, config=cfg, seed=7)
         assert sb.batches == [[FIXED, BUGGY, "def f(xs:\n", loops]]
@@ -314,16 +315,10 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
             (b.result.status, b.result.passed, b.result.total)
         assert a.style == b.style
         want = fb.r_feedback(b.result, "noisy", noise_p=0.3, levels=cfg.coarse_levels,
-                             rng=__import__("random").Random(f"7:{i}:0"))
+                             rng=random.Random(f"7:{i}:0"))
         assert a.components["r_feedback"] == want
     assert together[4].result.status is Status.TIMEOUT and together[6].result is together[4].result
     assert together[0].components["r_pass"] == 1.0 and together[1].components["noop"] == 1.0
-
-
-def fb_sandbox_config():
-    from labkit.env.sandbox import SandboxConfig
-
-    return SandboxConfig(workers=2, timeout_s=2.0, test_timeout_s=0.25)
 
 
 def test_run_distinct_keys_on_the_whole_check():

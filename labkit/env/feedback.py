@@ -643,9 +643,9 @@ def evaluate_many(
     process for all, then the pure component functions.
 
     The sandbox batch runs on a helper thread while this one computes the components that
-    read only the code (style, precision, no-op): the checks run in the sandbox's worker
-    processes, so the two overlap instead of the parent's interpreter work waiting for the
-    last check and the workers idling during it. The results are the same either way.
+    read only the code (style, precision, no-op); the results are those of doing one after
+    the other. The checks run in the sandbox's worker processes, so where cores are to spare
+    the two overlap; on 2 cores both keep the CPU busy and the overlap gains little.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
     ``progress`` (optional) is updated in input order and pays ``r_progress``. ``seed`` seeds
