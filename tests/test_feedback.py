@@ -2,6 +2,7 @@
 
 import math
 import random
+import threading
 
 import pytest
 
@@ -275,17 +276,6 @@ def test_generated_code_with_syntax_warnings_parses_silently():
         assert _parse(code) is not None
 
 
-class _CountingSandbox:
-    """Wraps a real sandbox and records the batches it was asked to check."""
-
-    def __init__(self, inner):
-        self.inner, self.batches = inner, []
-
-    def run_many(self, candidates):
-        self.batches.append([c.code for c in candidates])
-        return self.inner.run_many(candidates)
-
-
 def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     """A batch with repeated programs (as a GRPO group has) is checked once per distinct
     program, on a thread beside the code-only components; every component equals what
@@ -300,12 +290,21 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     loops = "def f(xs):\n    while True:\n        pass\n"
     codes = [FIXED, BUGGY, FIXED, "def f(xs:\n", loops, FIXED, loops, BUGGY]
     cfg = fb.FeedbackConfig(noise_p=0.3, mode="noisy")
-    with Sandbox(SandboxConfig(workers=2, timeout_s=2.0, test_timeout_s=0.25)) as inner:
-        sb = _CountingSandbox(inner)
+    batches, threads = [], []
+    with Sandbox(SandboxConfig(workers=2, timeout_s=2.0, test_timeout_s=0.25)) as sb:
+        run_many = sb.run_many
+
+        def spy(candidates):  # records what the pool was asked, and from which thread
+            batches.append([c.code for c in candidates])
+            threads.append(threading.current_thread())
+            return run_many(candidates)
+
+        sb.run_many = spy
         together = fb.evaluate_many([task] * len(codes), codes, sandbox=sb, config=cfg, seed=7)
-        assert sb.batches == [[FIXED, BUGGY, "def f(xs:\n", loops]]
-        alone = [fb.evaluate_many([task], [c], sandbox=inner, config=cfg, seed=7)[0]
-                 for c in codes]
+        assert batches == [[FIXED, BUGGY, "def f(xs:\n", loops]]
+        assert threads[0] is not threading.main_thread()  # beside the code-only components
+        sb.run_many = run_many
+        alone = [fb.evaluate_many([task], [c], sandbox=sb, config=cfg, seed=7)[0] for c in codes]
     # the noisy regime draws per batch position: compare the deterministic components, and
     # the noisy one against a draw at the same position
     for i, (a, b) in enumerate(zip(together, alone)):
@@ -319,6 +318,25 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
         assert a.components["r_feedback"] == want
     assert together[4].result.status is Status.TIMEOUT and together[6].result is together[4].result
     assert together[0].components["r_pass"] == 1.0 and together[1].components["noop"] == 1.0
+
+
+def test_evaluate_many_runs_a_custom_sandbox_in_the_calling_thread():
+    """A sandbox object of the caller's own (not labkit's pool) is not driven from a helper
+    thread: it may rely on being in the thread that called (signal handlers, say)."""
+    from labkit.env.records import IOCase, RepairTask, TestSuite
+
+    suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
+    task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
+                      buggy_code=BUGGY, reference_code=FIXED, tests=suite, entry_point="f")
+    caller = threading.current_thread()
+
+    class Mine:
+        def run_many(self, candidates):
+            assert threading.current_thread() is caller
+            return [SandboxResult(Status.PASSED, 1, 1) for _ in candidates]
+
+    (got,) = fb.evaluate_many([task], [FIXED], sandbox=Mine())
+    assert got.components["r_pass"] == 1.0
 
 
 def test_run_distinct_keys_on_the_whole_check():

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
 from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status, TestOutcome
-from labkit.env.sandbox import default_sandbox, run_distinct
+from labkit.env.sandbox import Sandbox, default_sandbox, run_distinct
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
@@ -642,9 +642,9 @@ def evaluate_many(
     (each distinct program checked once, :func:`~labkit.env.sandbox.run_distinct`), one ruff
     process for all, then the pure component functions.
 
-    The sandbox batch runs on a helper thread while this one computes the components that
-    read only the code (style, precision, no-op); the results are those of doing one after
-    the other. The checks run in the sandbox's worker processes, so where cores are to spare
+    A :class:`~labkit.env.sandbox.Sandbox` batch runs on a helper thread while this one
+    computes the components that read only the code (style, precision, no-op); the results
+    are those of doing one after the other (any other ``sandbox`` object runs in this thread). The checks run in the sandbox's worker processes, so where cores are to spare
     the two overlap; on 2 cores both keep the CPU busy and the overlap gains little.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
@@ -658,13 +658,22 @@ def evaluate_many(
         sandbox = default_sandbox()
     cands = [Candidate(code=c, tests=t.tests, entry_point=t.entry_point, id=t.task_id)
              for t, c in zip(tasks, codes)]
+
+    def check() -> list[list[SandboxResult]]:
+        return [run_distinct(sandbox, cands) for _ in range(cfg.repeats)]
+
+    # labkit's pool is safe to drive from another thread; a sandbox of the caller's own (one
+    # that sets signal handlers, say) is run here, before the components
+    threaded = isinstance(sandbox, Sandbox)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-sandbox") as pool:
-        checks = pool.submit(lambda: [run_distinct(sandbox, cands) for _ in range(cfg.repeats)])
+        checks = pool.submit(check) if threaded else None
+        runs = None if threaded else check()
         styles = style_many(codes, cfg)
         precision = [r_precision(t.buggy_code, c, cfg.precision_lambda, cfg.precision_distance)
                      for t, c in zip(tasks, codes)]
         noop = [is_noop(t.buggy_code, c) for t, c in zip(tasks, codes)]
-        runs = checks.result()
+        if checks is not None:
+            runs = checks.result()
     public = _public_views(tasks, codes, runs[0], sandbox) if cfg.mode == "public" else None
     out = []
     for i, (task, code) in enumerate(zip(tasks, codes)):
