@@ -644,7 +644,8 @@ def evaluate_many(
 
     A :class:`~labkit.env.sandbox.Sandbox` batch runs on a helper thread while this one
     computes the components that read only the code (style, precision, no-op); the results
-    are those of doing one after the other (any other ``sandbox`` object runs in this thread). The checks run in the sandbox's worker processes, so where cores are to spare
+    are those of doing one after the other (any other ``sandbox`` object runs in this
+    thread). The checks run in the sandbox's worker processes, so where cores are to spare
     the two overlap; on 2 cores both keep the CPU busy and the overlap gains little.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
@@ -662,18 +663,20 @@ def evaluate_many(
     def check() -> list[list[SandboxResult]]:
         return [run_distinct(sandbox, cands) for _ in range(cfg.repeats)]
 
-    # labkit's pool is safe to drive from another thread; a sandbox of the caller's own (one
-    # that sets signal handlers, say) is run here, before the components
-    threaded = isinstance(sandbox, Sandbox)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-sandbox") as pool:
-        checks = pool.submit(check) if threaded else None
-        runs = None if threaded else check()
-        styles = style_many(codes, cfg)
-        precision = [r_precision(t.buggy_code, c, cfg.precision_lambda, cfg.precision_distance)
-                     for t, c in zip(tasks, codes)]
-        noop = [is_noop(t.buggy_code, c) for t, c in zip(tasks, codes)]
-        if checks is not None:
-            runs = checks.result()
+    def code_only() -> tuple[list[StyleReport], list[float], list[bool]]:
+        return (style_many(codes, cfg),
+                [r_precision(t.buggy_code, c, cfg.precision_lambda, cfg.precision_distance)
+                 for t, c in zip(tasks, codes)],
+                [is_noop(t.buggy_code, c) for t, c in zip(tasks, codes)])
+
+    if isinstance(sandbox, Sandbox):  # labkit's pool is safe to drive from another thread
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="labkit-sandbox") as pool:
+            pending = pool.submit(check)
+            styles, precision, noop = code_only()
+            runs = pending.result()
+    else:  # a sandbox of the caller's own may need this thread (signal handlers, say)
+        runs = check()
+        styles, precision, noop = code_only()
     public = _public_views(tasks, codes, runs[0], sandbox) if cfg.mode == "public" else None
     out = []
     for i, (task, code) in enumerate(zip(tasks, codes)):

@@ -160,7 +160,9 @@ class LeanStep:
         Only for small per-row tensors (queries, maxima): the prefix-sized ones stay in the
         grid layout."""
         _, h, g, *rest = x.shape
-        grid = x if self._whole else x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
+        grid = x
+        if not self._whole:  # scatter the rows into their slots, empty ones 0
+            grid = x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
         return grid.view(self.u, self.r, h, g, *rest).transpose(1, 2).reshape(
             self.u, h, self.r * g, *rest)
 
