@@ -227,3 +227,36 @@ def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, 
     writing = (ended == 0) | ((ended == 1) & torch.isin(toks, torch.tensor(sorted(eos))))
     assert (~writing).any()
     assert torch.allclose(runs[False][1][writing], runs[True][1][writing], atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_lean_step_transposed_prefix_keys_give_the_same_logits(make):
+    """The prefix keys are copied once, transposed, for the score product. With more than one
+    query per prefix (r g > 1) the logits match those of the product over a transposed view
+    (bitwise at the shipped model's shapes on the machines measured; the kernel may round
+    otherwise at other shapes); with one query per prefix, a matrix-vector product whose
+    rounding depends on the layout, the step keeps the view and the logits are bitwise equal."""
+    model = make()
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 90, (2, 11), generator=g)
+    att = torch.ones_like(ids)
+    att[1, :4] = 0
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    cfg = lean.causal_lm(model).config
+    heads_per_kv = cfg.num_attention_heads // cfg.num_key_value_heads
+    for rows in (torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0, 1])):
+        caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
+        with torch.no_grad():
+            for c in caches:
+                model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+        copied, viewed = (lean.LeanStep(model, c, att, capacity=4, rows=rows) for c in caches)
+        assert copied.KpT[0].is_contiguous() and torch.equal(copied.KpT[0], copied.Kp[0].mT)
+        viewed.KpT = [k.mT for k in viewed.Kp]
+        p = pos[rows][:, -1:] + 1
+        for _ in range(4):
+            y = torch.randint(3, 90, (rows.numel(),), generator=g)
+            got, want = copied(y, p), viewed(y, p)
+            if copied.r * heads_per_kv == 1:  # one query per prefix: the view itself
+                assert torch.equal(got, want)
+            assert torch.allclose(got, want, atol=1e-6, rtol=1e-6), (got - want).abs().max()
+            p = p + 1

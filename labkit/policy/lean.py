@@ -101,6 +101,9 @@ class LeanStep:
         self.P, self.S = P, 0
         self.Kp = [layer.keys for layer in cache.layers]  # [u, H_kv, P, D], not copied
         self.Vp = [layer.values for layer in cache.layers]
+        # the prefix keys once more, transposed and contiguous ([u, H_kv, D, P]): the score
+        # product over a transposed view packs the keys on every call, about twice its time
+        self.KpT = [k.transpose(-1, -2).contiguous() for k in self.Kp]
         # suffixes: the rows' own columns (``suffix``: per layer ``[b, H_kv, S0, D]`` already
         # there, left padded as ``suffix_mask`` ``[b, S0]`` says), then ``capacity`` new ones
         s0 = 0 if suffix is None else suffix[0][0].shape[2]
@@ -181,7 +184,11 @@ class LeanStep:
         S, g = self.S, q.shape[2]
         if self._scores is None or self._scores.shape[2] != self.r * g:
             self._scores = q.new_empty(self.u, self.kv_heads, self.r * g, self.P)
-        s_p = torch.matmul(self._to_grid(q), self.Kp[i].transpose(-1, -2), out=self._scores)
+        # A matrix-vector product (one query per prefix) takes another kernel whose rounding
+        # depends on the layout, so it keeps the view; with r g > 1 both layouts give
+        # bitwise the same scores (a test checks it).
+        keys_t = self.KpT[i] if self.r * g > 1 else self.Kp[i].transpose(-1, -2)
+        s_p = torch.matmul(self._to_grid(q), keys_t, out=self._scores)
         s_p.mul_(self.scaling).add_(self.bias)  # [u, H_kv, r g, P]
         s_s = torch.matmul(q, self.K[i][:, :, :S + 1].transpose(-1, -2)).mul_(self.scaling)
         if self.bias_s is not None:
