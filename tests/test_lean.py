@@ -245,7 +245,7 @@ def test_lean_step_transposed_prefix_keys_give_the_same_logits(make):
     cfg = lean.causal_lm(model).config
     heads_per_kv = cfg.num_attention_heads // cfg.num_key_value_heads
     for rows in (torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0, 1])):
-        caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
+        caches = [DynamicCache(config=cfg) for _ in range(2)]
         with torch.no_grad():
             for c in caches:
                 model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)

@@ -184,9 +184,10 @@ class LeanStep:
         S, g = self.S, q.shape[2]
         if self._scores is None or self._scores.shape[2] != self.r * g:
             self._scores = q.new_empty(self.u, self.kv_heads, self.r * g, self.P)
-        # A matrix-vector product (one query per prefix) takes another kernel whose rounding
-        # depends on the layout, so it keeps the view; with r g > 1 both layouts give
-        # bitwise the same scores (a test checks it).
+        # A matrix-vector product (one query per prefix, e.g. greedy evaluation) takes a kernel
+        # whose rounding depends on the layout, so it keeps the view. With r g > 1 the two
+        # layouts gave bitwise the same scores at the shipped model's shapes; at other shapes
+        # they may differ in the last bits (a test checks both cases).
         keys_t = self.KpT[i] if self.r * g > 1 else self.Kp[i].transpose(-1, -2)
         s_p = torch.matmul(self._to_grid(q), keys_t, out=self._scores)
         s_p.mul_(self.scaling).add_(self.bias)  # [u, H_kv, r g, P]
