@@ -126,6 +126,25 @@ def test_exponential_race_draws_the_categorical():
     assert torch.equal(_categorical(q), want)  # torch's own one-sample draw, same stream
 
 
+def test_exponential_noise_is_exponential_s_values_and_stream():
+    """The race's noise, vectorised, is bitwise what ``Tensor.exponential_`` draws on CPU (at
+    a decode step's shape and an odd one) and leaves the generator where it would."""
+    from labkit.policy.rollout import exponential_noise
+
+    torch.manual_seed(11)
+    for shape in [(64, 1024)] * 8 + [(3, 7), (1, 1)]:
+        like = torch.empty(shape)
+        start = torch.get_rng_state()
+        want = torch.empty(shape).exponential_()
+        after = torch.get_rng_state()
+        torch.set_rng_state(start)
+        got = exponential_noise(like)
+        assert got.dtype == torch.float32 and got.shape == like.shape
+        assert torch.equal(got, want)
+        assert torch.equal(torch.get_rng_state(), after)
+        assert (got >= 0).all()
+
+
 def test_shared_prompt_forward_equals_the_full_forward_and_its_gradient(policy):
     """A GRPO batch's G copies of a prompt run once: same log-probs, same gradients."""
     cfg = SamplingConfig(group_size=3, temperature=1.0, max_new_tokens=14, stop_strings=())

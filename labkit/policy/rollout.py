@@ -323,7 +323,27 @@ def _categorical(probs: torch.Tensor) -> torch.Tensor:
     (``argmin E_i / p_i`` is the first arrival of independent Poisson clocks of rates ``p_i``).
     It is the draw ``torch.multinomial(probs, 1)`` makes on its one-sample path, from the
     same random stream (tested): written out so the rule is visible, not for speed."""
-    return probs.div(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    return probs.div(exponential_noise(probs)).argmax(dim=-1)
+
+
+def exponential_noise(like: torch.Tensor) -> torch.Tensor:
+    """``E ~ Exp(1)`` i.i.d., shaped like ``like``: the values ``like.exponential_()`` gives,
+    from the same random stream, faster on CPU.
+
+    torch's CPU kernel draws, element by element in order, a 53-bit uniform
+    ``u = (random64() & (2^53 - 1)) 2^-53`` and returns ``-log1p(-u)`` computed in double, then
+    cast. ``torch.rand(..., dtype=float64)`` draws the same ``u`` from the same generator, so
+
+        E = float(-log1p(-u))
+
+    vectorised is the same numbers and leaves the generator in the same state, about 2.3x
+    faster at a decode step's ``[64, 1024]`` (a test checks values and state bitwise against
+    ``exponential_``). Other devices draw with their own kernels: there it is
+    ``exponential_`` itself."""
+    if like.device.type != "cpu":
+        return torch.empty_like(like).exponential_()
+    u = torch.rand(like.shape, dtype=torch.float64)
+    return u.neg_().log1p_().neg_().to(like.dtype)
 
 
 def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
