@@ -132,14 +132,17 @@ def test_exponential_noise_is_exponential_s_values_and_stream():
     from labkit.policy.rollout import exponential_noise
 
     torch.manual_seed(11)
-    for shape in [(64, 1024)] * 8 + [(3, 7), (1, 1)]:
-        like = torch.empty(shape)
+    for shape, dtype in [((64, 1024), torch.float32)] * 8 + [((3, 7), torch.float32),
+                                                            ((1, 1), torch.float32),
+                                                            ((5, 9), torch.float64),
+                                                            ((5, 9), torch.bfloat16)]:
+        like = torch.empty(shape, dtype=dtype)
         start = torch.get_rng_state()
-        want = torch.empty(shape).exponential_()
+        want = torch.empty(shape, dtype=dtype).exponential_()
         after = torch.get_rng_state()
         torch.set_rng_state(start)
         got = exponential_noise(like)
-        assert got.dtype == torch.float32 and got.shape == like.shape
+        assert got.dtype == dtype and got.shape == like.shape
         assert torch.equal(got, want)
         assert torch.equal(torch.get_rng_state(), after)
         assert (got >= 0).all()
