@@ -323,7 +323,8 @@ def _categorical(probs: torch.Tensor) -> torch.Tensor:
     (``argmin E_i / p_i`` is the first arrival of independent Poisson clocks of rates ``p_i``).
     It is the draw ``torch.multinomial(probs, 1)`` makes on its one-sample path, from the
     same random stream (tested): written out so the rule is visible, with the noise from
-    :func:`exponential_noise` (the same numbers, drawn faster)."""
+    :func:`exponential_noise` (``exponential_``'s numbers drawn faster; it says the one
+    rounding case where they could differ)."""
     return probs.div(exponential_noise(probs)).argmax(dim=-1)
 
 
