@@ -27,6 +27,8 @@ tolerance) for Llama and Qwen2 shapes, with and without LoRA.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -117,8 +119,9 @@ class LeanStep:
             self.bias_s = k0.new_zeros(b, 1, 1, s0 + capacity)
             self.bias_s[:, 0, 0, :s0].masked_fill_(~suffix_mask.bool(), float("-inf"))
         # additive mask of the prefix: 0 where a column is attended, -inf on left padding
-        self.bias = k0.new_zeros(u, 1, 1, P).masked_fill_(~attention_mask.bool()[:, None, None],
-                                                          float("-inf"))
+        pad = ~attention_mask.bool()
+        self.bias = k0.new_zeros(u, 1, 1, P).masked_fill_(pad[:, None, None], float("-inf"))
+        self._padded = bool(pad.any())  # else adding the mask changes no score
         self.u = u
         self._group(rows)  # also resets the prefix-score buffer [u, H_kv, r g, P]
         # cos/sin of every position the buffer can hold, from the model's rotary module
@@ -129,8 +132,18 @@ class LeanStep:
         a = self.layers[0].self_attn
         self.head_dim, self.scaling = a.head_dim, a.scaling
         self.kv_heads = h_kv
+        self.heads = lm.config.num_attention_heads
         self.qkv = [_qkv(layer.self_attn) for layer in self.layers]
         self.mlp = [_mlp(layer.mlp) for layer in self.layers]
+        self.o_proj = [_linear(layer.self_attn.o_proj) for layer in self.layers]
+        self.norms = [(_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm))
+                      for layer in self.layers]
+        self.final_norm = _norm(self.inner.norm)
+        self.lm_head = _linear(self.lm.lm_head)
+        emb = self.inner.embed_tokens
+        # a plain embedding's lookup (``padding_idx`` only shapes its gradient)
+        self.embed = (partial(F.embedding, weight=emb.weight)
+                      if type(emb) is torch.nn.Embedding and emb.max_norm is None else emb)
 
     def _group(self, rows: torch.Tensor) -> None:
         """The query grouping: row ``i`` sits in slot ``(rows[i], j)`` of a ``[u, r]`` grid,
@@ -190,7 +203,9 @@ class LeanStep:
         # they may differ in the last bits (a test checks both cases).
         keys_t = self.KpT[i] if self.r * g > 1 else self.Kp[i].transpose(-1, -2)
         s_p = torch.matmul(self._to_grid(q), keys_t, out=self._scores)
-        s_p.mul_(self.scaling).add_(self.bias)  # [u, H_kv, r g, P]
+        s_p.mul_(self.scaling)  # [u, H_kv, r g, P]
+        if self._padded:
+            s_p.add_(self.bias)
         s_s = torch.matmul(q, self.K[i][:, :, :S + 1].transpose(-1, -2)).mul_(self.scaling)
         if self.bias_s is not None:
             s_s.add_(self.bias_s[..., :S + 1])  # [b, H_kv, g, S+1]
@@ -203,25 +218,26 @@ class LeanStep:
              + torch.matmul(e_s, self.V[i][:, :, :S + 1]))  # [b, H_kv, g, D]
         return o / total
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(self, y: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         S = self.S
         if S >= self.K[0].shape[2]:
             raise RuntimeError(f"lean decode buffer full ({S} columns); raise its capacity")
-        x = self.inner.embed_tokens(y)  # [b, H]
-        b, d, h_kv = x.shape[0], self.head_dim, self.kv_heads
+        x = self.embed(y)  # [b, H]
+        b, d, h_kv, h_q = x.shape[0], self.head_dim, self.kv_heads, self.heads
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [b, 1, D]
-        for i, (layer, qkv, mlp) in enumerate(zip(self.layers, self.qkv, self.mlp)):
-            q, k, v = qkv(_rms(layer.input_layernorm, x))
+        for i, (norms, qkv, o_proj, mlp) in enumerate(zip(self.norms, self.qkv, self.o_proj, self.mlp)):
+            qk, v = qkv(norms[0](x))
+            qk = _rope(qk.view(b, -1, d), cos, sin)  # queries and keys rotated at once
             # one query per row: heads grouped by their key/value head (GQA without copies)
-            q = _rope(q.view(b, -1, d), cos, sin).view(b, h_kv, -1, d)  # [b, H_kv, g, D]
-            self.K[i][:, :, S] = _rope(k.view(b, -1, d), cos, sin)  # [b, H_kv, D]
+            q = qk[:, :h_q].view(b, h_kv, -1, d)  # [b, H_kv, g, D]
+            self.K[i][:, :, S] = qk[:, h_q:]  # [b, H_kv, D]
             self.V[i][:, :, S] = v.view(b, -1, d)
             o = self._attend(i, q)
-            x = x + layer.self_attn.o_proj(o.reshape(b, -1))
-            x = x + mlp(_rms(layer.post_attention_layernorm, x))
+            x = x + o_proj(o.reshape(b, -1))
+            x = x + mlp(norms[1](x))
         self.S = S + 1
-        return self.lm.lm_head(_rms(self.inner.norm, x))
+        return self.lm_head(self.final_norm(x))
 
     def to_cache(self):
         """Every column so far, per row, as a transformers ``DynamicCache``: the prefix
@@ -241,43 +257,62 @@ def _plain(*modules) -> bool:
     return all(type(m) is torch.nn.Linear for m in modules)
 
 
-def _fused(*linears: torch.nn.Linear):
-    """One matrix product for several linears on the same input; returns the split outputs.
-    (The weights are read now: a :class:`LeanStep` lives for one sampling call.)"""
+def _fused(*linears: torch.nn.Linear, sizes: tuple[int, ...] | None = None):
+    """One matrix product for several linears on the same input; returns the outputs split
+    by ``sizes`` (default: one per linear). (The weights are read now: a :class:`LeanStep`
+    lives for one sampling call.)"""
     w = torch.cat([m.weight for m in linears])
     bias = None
     if any(m.bias is not None for m in linears):
         bias = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in linears])
-    sizes = [m.out_features for m in linears]
+    sizes = sizes or [m.out_features for m in linears]
     return lambda h: F.linear(h, w, bias).split(sizes, dim=-1)
 
 
 def _qkv(attn):
-    """``h -> (q, k, v)``: fused when the projections are plain, else the modules' own calls."""
+    """``h -> (qk, v)``: the query and key projections side by side (``[b, (H + H_kv) D]``,
+    rotated together) and the values. One matrix product whose output is sliced when the
+    projections are plain, else the modules' own calls (queries and keys concatenated)."""
     mods = (attn.q_proj, attn.k_proj, attn.v_proj)
     if _plain(*mods):
-        return _fused(*mods)
-    return lambda h: tuple(m(h) for m in mods)
+        n_qk = attn.q_proj.out_features + attn.k_proj.out_features
+        return _fused(*mods, sizes=(n_qk, attn.v_proj.out_features))
+    return lambda h: (torch.cat((attn.q_proj(h), attn.k_proj(h)), dim=-1), attn.v_proj(h))
 
 
 def _mlp(mlp):
     """``h -> W_down (silu(W_gate h) * W_up h)``, gate and up fused when plain."""
     if _plain(mlp.gate_proj, mlp.up_proj):
         gate_up = _fused(mlp.gate_proj, mlp.up_proj)
+        down = _linear(mlp.down_proj)
 
         def run(h):
             g, u = gate_up(h)
-            return mlp.down_proj(F.silu(g) * u)
+            return down(F.silu(g) * u)
         return run
     return mlp
-
-
-def _rms(norm, x: torch.Tensor) -> torch.Tensor:
-    """The model's RMSNorm, ``w * x / sqrt(mean(x^2) + eps)`` computed in float32."""
-    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x cos + rotate_half(x) sin``, rotate_half(x) = (-x2, x1) for halves x1, x2."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def _linear(m):
+    """``m`` as a function: ``F.linear`` on its parameters when it is a plain ``nn.Linear``
+    (without a module call's overhead per token), else the module itself (e.g. LoRA)."""
+    if _plain(m):
+        return partial(F.linear, weight=m.weight, bias=m.bias)
+    return m
+
+
+def _norm(norm):
+    """The model's RMSNorm as a function, ``x -> w * x / sqrt(mean(x^2) + eps)`` computed in
+    float32, with its weight and epsilon bound once."""
+    w, eps = norm.weight, norm.variance_epsilon
+
+    def run(x):
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+        return w * (h if h.dtype == x.dtype else h.to(x.dtype))
+    return run
