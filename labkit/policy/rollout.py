@@ -252,35 +252,40 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     live = torch.arange(b, device=input_ids.device)  # the rows the lean step still computes
     toks, lps = [], []
     texts = [""] * b
-    for t in range(cfg.max_new_tokens):
-        y, logp = draw(logits, cfg.temperature, cfg.top_p, sampler=cfg.sampler)  # [b], [b, V]
-        y = torch.where(alive, y, torch.full_like(y, pad_id))
-        toks.append(y)
-        lps.append(logp.gather(-1, y[:, None]).squeeze(1))
-        alive = alive & ~torch.isin(y, eos)
-        if stops and tokenizer is not None:
-            for i in alive.nonzero().flatten().tolist():
-                texts[i] += tokenizer.decode([int(y[i])], skip_special_tokens=False)
-                if any(s in texts[i] for s in stops):
-                    alive[i] = False
-        if not alive.any() or t == cfg.max_new_tokens - 1:
-            break
-        if step is not None and not want_cache and int(alive.sum()) <= DROP_ENDED * len(live):
-            # rows that have ended leave the step (their cache is not wanted); the others'
-            # logits go back to their rows, so every draw sees [b, V] as before
-            keep = alive[live].nonzero().flatten()
-            step.keep(keep)
-            live = live[keep]
-        if step is not None and len(live) < b:
-            logits = logits.new_zeros(b, logits.shape[-1])
-            logits[live] = step(y[live], next_pos[live])
-        elif step is not None:
-            logits = step(y, next_pos)
-        else:
-            attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
-            logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
-                           cache=cache, use_cache=True).logits[:, -1]
-        next_pos = next_pos + 1
+    # The lean engine's tokens are plain numbers to the caller and its cache is built after
+    # the loop, so the loop runs in inference mode (less bookkeeping per operation: a few
+    # microseconds on each of a token's hundreds of small operations); the model's own
+    # forward (``loop``) keeps ``no_grad``, its cache being handed on as it grows.
+    with torch.inference_mode(step is not None):
+        for t in range(cfg.max_new_tokens):
+            y, logp = draw(logits, cfg.temperature, cfg.top_p, sampler=cfg.sampler)  # [b], [b, V]
+            y = torch.where(alive, y, torch.full_like(y, pad_id))
+            toks.append(y)
+            lps.append(logp.gather(-1, y[:, None]).squeeze(1))
+            alive = alive & ~torch.isin(y, eos)
+            if stops and tokenizer is not None:
+                for i in alive.nonzero().flatten().tolist():
+                    texts[i] += tokenizer.decode([int(y[i])], skip_special_tokens=False)
+                    if any(s in texts[i] for s in stops):
+                        alive[i] = False
+            if not alive.any() or t == cfg.max_new_tokens - 1:
+                break
+            if step is not None and not want_cache and int(alive.sum()) <= DROP_ENDED * len(live):
+                # rows that have ended leave the step (their cache is not wanted); the others'
+                # logits go back to their rows, so every draw sees [b, V] as before
+                keep = alive[live].nonzero().flatten()
+                step.keep(keep)
+                live = live[keep]
+            if step is not None and len(live) < b:
+                logits = logits.new_zeros(b, logits.shape[-1])
+                logits[live] = step(y[live], next_pos[live])
+            elif step is not None:
+                logits = step(y, next_pos)
+            else:
+                attn = torch.cat([attn, attn.new_ones(b, 1)], dim=1)
+                logits = model(input_ids=y[:, None], attention_mask=attn, position_ids=next_pos,
+                               cache=cache, use_cache=True).logits[:, -1]
+            next_pos = next_pos + 1
     if step is not None:
         cache = step.to_cache() if want_cache else None
     return torch.stack(toks, 1), torch.stack(lps, 1), cache
@@ -292,7 +297,9 @@ def draw(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     top-p nucleus and renormalised (``greedy``: ``argmax z``), drawn by ``sampler``
     (:attr:`SamplingConfig.sampler`). Returns ``(y [b], log softmax(z / T) [b, V])``, the
     unrestricted log-probs a rollout records."""
-    scores = logits.float() / temperature  # [b, V]
+    scores = logits.float()  # [b, V]
+    if temperature != 1.0:  # (z / 1 is z: the division is skipped, not approximated)
+        scores = scores / temperature
     logp = torch.log_softmax(scores, dim=-1)
     if greedy:
         return scores.argmax(dim=-1), logp
