@@ -68,11 +68,12 @@ class SamplingConfig:
     sampler: Literal["race", "inverse_cdf"] = "race"
     """How labkit's decode draws a token from ``softmax(z / T)`` (:func:`draw`). ``race``: the
     exponential race, ``torch.multinomial``'s one-sample draw from the same random stream;
-    it draws ``V`` exponentials per row and token, about 3 ms for 64 rows x 1,024 tokens on a
-    CPU, a quarter of the tiny model's decode. ``inverse_cdf``: one uniform per row against
-    the cumulative probabilities, the same distribution for about 1/35 of the work, from
-    another random stream, so a run's completions differ from a ``race`` run's of the same
-    seed. ``race`` is the default: every recorded result was sampled with it."""
+    it draws ``V`` exponentials per row and token: the whole draw took about 1.6 ms per token
+    for 64 rows x 1,024 tokens on 2 CPU cores, a tenth of the tiny model's decode there.
+    ``inverse_cdf``: one uniform per row against the cumulative probabilities, the same
+    distribution (about 0.6 ms per token there), from another random stream, so a run's
+    completions differ from a ``race`` run's of the same seed. ``race`` is the default:
+    every recorded result was sampled with it."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
