@@ -24,21 +24,23 @@ def _llama():
     return LlamaForCausalLM(cfg).eval()
 
 
-def _lora(model):
+def _lora(model, targets=("q_proj", "v_proj", "up_proj")):
     from peft import LoraConfig, get_peft_model
 
-    m = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+    m = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
                                          lora_dropout=0.0, init_lora_weights=False))
     return m.eval()
 
 
-def _check_against_forward(model, steps=6):
-    """Prefill a left-padded batch, then compare LeanStep with ``model(...)`` per token."""
+def _check_against_forward(model, steps=6, padded=True):
+    """Prefill a left-padded batch (``padded=False``: prompts of one length), then compare
+    LeanStep with ``model(...)`` per token."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 90, (3, 9), generator=g)
     att = torch.ones_like(ids)
-    att[0, :4] = 0
-    att[2, :1] = 0
+    if padded:
+        att[0, :4] = 0
+        att[2, :1] = 0
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     caches = []
     for _ in range(2):
@@ -47,6 +49,7 @@ def _check_against_forward(model, steps=6):
             model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
         caches.append(c)
     step = lean.LeanStep(model, caches[0], att, capacity=steps)
+    assert step._padded == padded  # without padding the prefix mask is not added
     p = pos[:, -1:] + 1
     for _ in range(steps):
         y = torch.randint(3, 90, (3,), generator=g)
@@ -83,6 +86,19 @@ def test_lean_step_runs_lora_layers_unfused():
     attn = lean.causal_lm(model).model.layers[0].self_attn
     assert not lean._plain(attn.q_proj) and lean._plain(attn.k_proj)
     assert step.mlp[0] is lean.causal_lm(model).model.layers[0].mlp
+
+
+def test_lean_step_matches_the_forward_on_prompts_of_one_length():
+    _check_against_forward(_qwen2(), padded=False)
+
+
+def test_lean_step_calls_wrapped_output_and_down_projections_as_modules():
+    model = _lora(_llama(), targets=("o_proj", "down_proj"))
+    _check_against_forward(model)
+    step = lean.LeanStep(model, _prefilled(model), torch.ones(1, 2, dtype=torch.long), capacity=1)
+    layer = lean.causal_lm(model).model.layers[0]
+    assert step.o_proj[0] is layer.self_attn.o_proj  # the adapter's module, not F.linear
+    assert not lean._plain(layer.mlp.down_proj) and lean._plain(layer.mlp.gate_proj)
 
 
 def _prefilled(model):
