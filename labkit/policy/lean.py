@@ -132,7 +132,6 @@ class LeanStep:
         a = self.layers[0].self_attn
         self.head_dim, self.scaling = a.head_dim, a.scaling
         self.kv_heads = h_kv
-        self.heads = lm.config.num_attention_heads
         self.qkv = [_qkv(layer.self_attn) for layer in self.layers]
         self.mlp = [_mlp(layer.mlp) for layer in self.layers]
         self.o_proj = [_linear(layer.self_attn.o_proj) for layer in self.layers]
@@ -224,14 +223,14 @@ class LeanStep:
         if S >= self.K[0].shape[2]:
             raise RuntimeError(f"lean decode buffer full ({S} columns); raise its capacity")
         x = self.embed(y)  # [b, H]
-        b, d, h_kv, h_q = x.shape[0], self.head_dim, self.kv_heads, self.heads
+        b, d, h_kv = x.shape[0], self.head_dim, self.kv_heads
         cos, sin = self.cos[pos[:, 0]][:, None], self.sin[pos[:, 0]][:, None]  # [b, 1, D]
         for i, (norms, qkv, o_proj, mlp) in enumerate(zip(self.norms, self.qkv, self.o_proj, self.mlp)):
             qk, v = qkv(norms[0](x))
-            qk = _rope(qk.view(b, -1, d), cos, sin)  # queries and keys rotated at once
+            qk = _rope(qk.view(b, -1, d), cos, sin)  # [b, H + H_kv, D]: rotated at once
             # one query per row: heads grouped by their key/value head (GQA without copies)
-            q = qk[:, :h_q].view(b, h_kv, -1, d)  # [b, H_kv, g, D]
-            self.K[i][:, :, S] = qk[:, h_q:]  # [b, H_kv, D]
+            q = qk[:, :-h_kv].view(b, h_kv, -1, d)  # [b, H_kv, g, D]
+            self.K[i][:, :, S] = qk[:, -h_kv:]  # [b, H_kv, D]
             self.V[i][:, :, S] = v.view(b, -1, d)
             o = self._attend(i, q)
             x = x + o_proj(o.reshape(b, -1))
@@ -313,6 +312,5 @@ def _norm(norm):
     w, eps = norm.weight, norm.variance_epsilon
 
     def run(x):
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-        return w * (h if h.dtype == x.dtype else h.to(x.dtype))
+        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
     return run
