@@ -30,6 +30,8 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
                                   "update_forward", "update_backward", "update_optimizer"}
     assert out["flops"] > 0 and out["matmul_gflops"] > 0 and out["floor_s"] > 0
     assert out["ratio"] == pytest.approx(out["step_s"] / out["floor_s"], rel=0.02)
+    # the floor takes the better of the two throughputs measured around the steps
+    assert out["matmul_gflops"] == max(out["matmul_gflops_before_after"])
     assert out["decode_positions_incl_padding"] >= out["completion_tokens"] > 0
     assert out["sampler"] == "inverse_cdf"  # the flag reaches the experiments' sampling config
     assert out["temperature"] == 1.3

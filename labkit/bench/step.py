@@ -15,7 +15,8 @@ steps run; the first is a warm-up, the others are measured and their phases aver
 
 The floor is the step's arithmetic divided by this machine's matrix-multiply throughput,
 measured in the same run (float32 ``torch.matmul`` at the model's shapes, best of several
-repeats, the threads torch uses): per token a forward costs
+repeats, the threads torch uses), once before the steps and once after them; the floor takes
+the better of the two, since a shared machine's throughput drifts within a run: per token a forward costs
 ``2 N_layers + 4 L d c`` FLOPs (``N_layers`` the parameters of the transformer blocks,
 ``c`` the attention context) plus ``2 d V`` for the logits where they are needed; a backward
 twice the forward. Counted: prefill of the distinct prompts, decode of the tokens actually
@@ -25,7 +26,8 @@ update shares a group's prompt, as prefill does) and every row's completion. The
 no FLOP floor and counts in the step, not in the floor.
 
 Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; target <= 2.5),
-``phases`` (seconds), ``flops``, ``matmul_gflops``, token counts.
+``phases`` (seconds), ``flops``, ``matmul_gflops`` (the better of
+``matmul_gflops_before_after``), token counts.
 
     python -m labkit.bench step [--steps 3] [--tasks 16] [--group 8] [--sampler inverse_cdf]
 """
@@ -60,6 +62,13 @@ def matmul_gflops(m: int, k: int, n: int, repeats: int = 7, inner: int = 20) -> 
             a @ b
         best = min(best, (time.perf_counter() - t0) / inner)
     return 2 * m * k * n / best / 1e9
+
+
+def peak_gflops(cfg) -> float:
+    """The best of :func:`matmul_gflops` at the block's three matrix shapes over 4,096 rows
+    (``d x ff``, ``ff x d``, ``d x d``): this machine's float32 throughput for the floor."""
+    d, ff = cfg.hidden_size, cfg.intermediate_size
+    return max(matmul_gflops(4096, d, ff), matmul_gflops(4096, ff, d), matmul_gflops(4096, d, d))
 
 
 def forward_flops(cfg, tokens: int, context: float, logits_tokens: int) -> float:
@@ -119,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
     policy = load_policy(cfg.policy)
     trainer = Trainer(cfg, policy=policy, train_tasks=tasks, eval_tasks=[], overwrite=True)
+    mcfg = policy.model.config
+    gflops_before = peak_gflops(mcfg)
     batches: list[list] = []
     trainer.events.on("on_rollout", lambda trainer, step, rollouts: batches.append(list(rollouts)))
     t0 = time.time()
@@ -126,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.time() - t0
     trainer.close()
 
-    mcfg = policy.model.config
     measured = list(zip(rows, batches))[1:]
     phases: dict[str, list[float]] = {}
     flops, kept, decoded_rows, prompt_tok, distinct = [], [], [], [], []
@@ -163,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         }.items():
             phases.setdefault(name, []).append(value)
     step_s = statistics.fmean(r["time/step"] for r, _ in measured)
-    d, ff = mcfg.hidden_size, mcfg.intermediate_size
-    gflops = max(matmul_gflops(4096, d, ff), matmul_gflops(4096, ff, d), matmul_gflops(4096, d, d))
+    gflops_after = peak_gflops(mcfg)
+    gflops = max(gflops_before, gflops_after)
     floor_s = statistics.fmean(flops) / (gflops * 1e9)
     timeouts = statistics.fmean(r.get("exec/timeout", 0.0) * len(b) for r, b in measured)
     # Four significant figures, not three decimals: on a tiny batch the floor is a few ms and
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
            "ratio": round(step_s / floor_s, 2),
            "phases": {k: round(statistics.fmean(v), 3) for k, v in phases.items()},
            "flops": round(statistics.fmean(flops)), "matmul_gflops": round(gflops, 1),
+           "matmul_gflops_before_after": [round(gflops_before, 1), round(gflops_after, 1)],
            "completion_tokens": round(statistics.fmean(kept)),
            "decode_positions_incl_padding": round(statistics.fmean(decoded_rows)),
            "prompt_tokens": round(statistics.fmean(prompt_tok)),
@@ -184,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
            "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
-          f"{out['floor_s']} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s): ratio "
+          f"{out['floor_s']} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s, the better of "
+          f"{gflops_before:.1f} before and {gflops_after:.1f} after the steps): ratio "
           f"{out['ratio']}")
     for k, v in out["phases"].items():
         print(f"  {k:<18} {v:7.3f} s")
