@@ -32,9 +32,10 @@ def _lora(model, targets=("q_proj", "v_proj", "up_proj")):
     return m.eval()
 
 
-def _check_against_forward(model, steps=6, padded=True):
+def _check_against_forward(model, steps=6, padded=True, flat=False):
     """Prefill a left-padded batch (``padded=False``: prompts of one length), then compare
-    LeanStep with ``model(...)`` per token."""
+    LeanStep (the shared-prefix products, or ``flat``: one fused kernel over each row's own
+    buffer) with ``model(...)`` per token."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 90, (3, 9), generator=g)
     att = torch.ones_like(ids)
@@ -48,8 +49,12 @@ def _check_against_forward(model, steps=6, padded=True):
         with torch.no_grad():
             model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
         caches.append(c)
-    step = lean.LeanStep(model, caches[0], att, capacity=steps)
-    assert step._padded == padded  # without padding the prefix mask is not added
+    step = lean.LeanStep(model, caches[0], att, capacity=steps, flat=flat)
+    assert step.flat == flat
+    if flat:  # the padding is masked among the row's own columns, no mask without it
+        assert step.P == 0 and (step.bias_s is not None) == padded
+    else:  # without padding the prefix mask is not added
+        assert step._padded == padded
     p = pos[:, -1:] + 1
     for _ in range(steps):
         y = torch.randint(3, 90, (3,), generator=g)
@@ -70,17 +75,19 @@ def _check_against_forward(model, steps=6, padded=True):
         step(y, p)
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["shared-prefix", "flat"])
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
-def test_lean_step_matches_the_model_forward(make):
+def test_lean_step_matches_the_model_forward(make, flat):
     model = make()
     assert lean.supports(model) is None
-    _check_against_forward(model)
+    _check_against_forward(model, flat=flat)
 
 
 def test_lean_step_runs_lora_layers_unfused():
     model = _lora(_qwen2())
     assert lean.supports(model) is None
     _check_against_forward(model)
+    _check_against_forward(model, flat=True)
     step = lean.LeanStep(model, _prefilled(model), torch.ones(1, 2, dtype=torch.long), capacity=1)
     # the wrapped projections are called as modules (their adapters apply), not fused
     attn = lean.causal_lm(model).model.layers[0].self_attn
@@ -88,8 +95,9 @@ def test_lean_step_runs_lora_layers_unfused():
     assert step.mlp[0] is lean.causal_lm(model).model.layers[0].mlp
 
 
-def test_lean_step_matches_the_forward_on_prompts_of_one_length():
-    _check_against_forward(_qwen2(), padded=False)
+@pytest.mark.parametrize("flat", [False, True], ids=["shared-prefix", "flat"])
+def test_lean_step_matches_the_forward_on_prompts_of_one_length(flat):
+    _check_against_forward(_qwen2(), padded=False, flat=flat)
 
 
 def test_lean_step_calls_wrapped_output_and_down_projections_as_modules():
@@ -164,7 +172,7 @@ def test_lean_step_shares_a_prefix_between_rows(make):
         for c in (shared, expanded):
             model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
     expanded.reorder_cache(rows)
-    step = lean.LeanStep(model, shared, att, capacity=4, rows=rows)
+    step = lean.LeanStep(model, shared, att, capacity=4, rows=rows, flat=False)
     assert step.r == 3 and step.Kp[0] is shared.layers[0].keys  # read in place, not copied
     a, p = att[rows], pos[rows][:, -1:] + 1
     for _ in range(4):
@@ -179,6 +187,45 @@ def test_lean_step_shares_a_prefix_between_rows(make):
     for mine, theirs in zip(step.to_cache().layers, expanded.layers):
         assert torch.allclose(mine.keys, theirs.keys, atol=1e-5)
         assert torch.allclose(mine.values, theirs.values, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_lean_step_flat_for_small_buffers_agrees_with_the_shared_prefix_path(make, monkeypatch):
+    """Small buffers take one fused kernel over each row's own copy of its prefix (the
+    default below ``FLAT_BYTES``), larger ones the shared-prefix products. Both give the
+    same logits to float rounding, with rows sharing a padded prefix, after rows are
+    dropped, and in the cache they hand back."""
+    model = make()
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(3, 90, (2, 7), generator=g)
+    att = torch.ones_like(ids)
+    att[0, :3] = 0
+    rows = torch.tensor([0, 0, 0, 1, 1, 1])
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+    flat = lean.LeanStep(model, caches[0], att, capacity=5, rows=rows)
+    monkeypatch.setattr(lean, "FLAT_BYTES", 0)
+    shared = lean.LeanStep(model, caches[1], att, capacity=5, rows=rows)
+    assert flat.flat and flat.P == 0 and flat.S == 7  # the prefix copied into each row
+    assert not shared.flat and shared.P == 7 and shared.S == 0
+    p = pos[rows][:, -1:] + 1
+    for t in range(4):
+        y = torch.randint(3, 90, (p.shape[0],), generator=g)
+        if t == 2:  # rows that ended leave both steps
+            keep = torch.tensor([0, 2, 5])
+            flat.keep(keep)
+            shared.keep(keep)
+            y, p = y[keep], p[keep]
+        got, want = flat(y, p), shared(y, p)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+        p = p + 1
+    for mine, theirs in zip(flat.to_cache().layers, shared.to_cache().layers):
+        assert mine.keys.shape == theirs.keys.shape == (3, mine.keys.shape[1], 11, mine.keys.shape[3])
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-6)
+        assert torch.allclose(mine.values, theirs.values, atol=1e-6)
 
 
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
@@ -198,7 +245,7 @@ def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
     with torch.no_grad():
         for c in caches:
             model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
-    fast, general = (lean.LeanStep(model, c, att, capacity=4, rows=rows) for c in caches)
+    fast, general = (lean.LeanStep(model, c, att, capacity=4, rows=rows, flat=False) for c in caches)
     assert fast._whole
     general._whole = False
     p = pos[rows][:, -1:] + 1
@@ -265,7 +312,8 @@ def test_lean_step_transposed_prefix_keys_give_the_same_logits(make):
         with torch.no_grad():
             for c in caches:
                 model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
-        copied, viewed = (lean.LeanStep(model, c, att, capacity=4, rows=rows) for c in caches)
+        copied, viewed = (lean.LeanStep(model, c, att, capacity=4, rows=rows, flat=False)
+                          for c in caches)
         assert copied.KpT[0].is_contiguous() and torch.equal(copied.KpT[0], copied.Kp[0].mT)
         viewed.KpT = [k.mT for k in viewed.Kp]
         p = pos[rows][:, -1:] + 1
