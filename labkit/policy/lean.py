@@ -193,9 +193,16 @@ class LeanStep:
     def keep(self, idx: torch.Tensor) -> None:
         """Go on with rows ``idx`` only (e.g. the ones that have not ended): their suffixes are
         copied out, the shared prefixes stay. Later calls take and return those rows only;
-        :meth:`to_cache` then covers them only."""
-        self.K = [k.index_select(0, idx) for k in self.K]
-        self.V = [v.index_select(0, idx) for v in self.V]
+        :meth:`to_cache` then covers them only. Only the columns written so far are copied
+        (a buffer's columns past them are written before any call reads them)."""
+        S = self.S
+
+        def rows_of(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_empty(idx.numel(), *buf.shape[1:])
+            out[:, :, :S] = buf[:, :, :S].index_select(0, idx)
+            return out
+        self.K = [rows_of(k) for k in self.K]
+        self.V = [rows_of(v) for v in self.V]
         if self.bias_s is not None:
             self.bias_s = self.bias_s.index_select(0, idx)
         self._group(self.rows.index_select(0, idx))
