@@ -189,6 +189,21 @@ def test_lean_step_shares_a_prefix_between_rows(make):
         assert torch.allclose(mine.values, theirs.values, atol=1e-5)
 
 
+def _two_prefilled(model, seed: int, length: int, pad: int):
+    """Two caches of the same prefill of two prompts, the first left padded by ``pad``;
+    returns them with the generator, the attention mask and the positions."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 90, (2, length), generator=g)
+    att = torch.ones_like(ids)
+    att[0, :pad] = 0
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
+    with torch.no_grad():
+        for c in caches:
+            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
+    return caches, g, att, pos
+
+
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_flat_for_small_buffers_agrees_with_the_shared_prefix_path(make, monkeypatch):
     """Small buffers take one fused kernel over each row's own copy of its prefix (the
@@ -196,16 +211,8 @@ def test_lean_step_flat_for_small_buffers_agrees_with_the_shared_prefix_path(mak
     same logits to float rounding, with rows sharing a padded prefix, after rows are
     dropped, and in the cache they hand back."""
     model = make()
-    g = torch.Generator().manual_seed(9)
-    ids = torch.randint(3, 90, (2, 7), generator=g)
-    att = torch.ones_like(ids)
-    att[0, :3] = 0
+    caches, g, att, pos = _two_prefilled(model, seed=9, length=7, pad=3)
     rows = torch.tensor([0, 0, 0, 1, 1, 1])
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
-    with torch.no_grad():
-        for c in caches:
-            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
     flat = lean.LeanStep(model, caches[0], att, capacity=5, rows=rows)
     monkeypatch.setattr(lean, "FLAT_BYTES", 0)
     shared = lean.LeanStep(model, caches[1], att, capacity=5, rows=rows)
@@ -235,16 +242,8 @@ def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
     gather and returns exactly (bitwise) the logits of the general path; after a row is
     dropped it takes the general path again."""
     model = make()
-    g = torch.Generator().manual_seed(5)
-    ids = torch.randint(3, 90, (2, 6), generator=g)
-    att = torch.ones_like(ids)
-    att[0, :2] = 0
+    caches, g, att, pos = _two_prefilled(model, seed=5, length=6, pad=2)
     rows = torch.tensor([0, 0, 0, 1, 1, 1])
-    pos = (att.cumsum(-1) - 1).clamp(min=0)
-    caches = [DynamicCache(config=lean.causal_lm(model).config) for _ in range(2)]
-    with torch.no_grad():
-        for c in caches:
-            model(input_ids=ids, attention_mask=att, position_ids=pos, cache=c, use_cache=True)
     fast, general = (lean.LeanStep(model, c, att, capacity=4, rows=rows, flat=False) for c in caches)
     assert fast._whole
     general._whole = False

@@ -16,8 +16,8 @@ steps run; the first is a warm-up, the others are measured and their phases aver
 The floor is the step's arithmetic divided by this machine's matrix-multiply throughput,
 measured in the same run (float32 ``torch.matmul`` at the model's shapes, best of several
 repeats, the threads torch uses), once before the steps and once after them; the floor takes
-the better of the two, since a shared machine's throughput drifts within a run: per token a forward costs
-``2 N_layers + 4 L d c`` FLOPs (``N_layers`` the parameters of the transformer blocks,
+the better of the two, since a shared machine's throughput drifts within a run. Per token a
+forward costs ``2 N_layers + 4 L d c`` FLOPs (``N_layers`` the parameters of the transformer blocks,
 ``c`` the attention context) plus ``2 d V`` for the logits where they are needed; a backward
 twice the forward. Counted: prefill of the distinct prompts, decode of the tokens actually
 kept (padding rows that keep decoding after their end are waste, reported apart), the
