@@ -70,3 +70,24 @@ def smoke_lab(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("lab")
     return lab.run_lab(out, smoke=True)
+
+
+@pytest.fixture(params=["shared-prefix", "flat"])
+def lean_attention(request, monkeypatch):
+    """Run a test with every lean decode step on one attention path: the shared-prefix
+    products or the flat fused kernel (test sizes are small, so by default they would all be
+    flat). After the test, at least one step must have been built, all on that path."""
+    from labkit.policy import lean
+
+    flat = request.param == "flat"
+    monkeypatch.setattr(lean, "FLAT_BYTES", 2**62 if flat else -1)
+    built = []
+    init = lean.LeanStep.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self.flat)
+
+    monkeypatch.setattr(lean.LeanStep, "__init__", spy)
+    yield request.param
+    assert built and all(f == flat for f in built), (request.param, built)

@@ -297,7 +297,7 @@ def test_forks_reuse_prefix_cache_and_match_naive_greedy(policy, sampled):
 
 
 @pytest.mark.parametrize("stop", [(), ("e",)])
-def test_lean_fork_decode_equals_generate(policy, sampled, stop):
+def test_lean_fork_decode_equals_generate(policy, sampled, stop, lean_attention):
     """The lean continuation loop and transformers' ``generate`` give the same greedy forks:
     the same tokens (per-row budgets, EOS and stop strings included) and log-probs, from the
     kept cache and from re-encoding. A stop string that occurs makes the check bite: the

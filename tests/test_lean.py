@@ -140,7 +140,7 @@ def test_distinct_rows_golden():
     assert torch.equal(ids[first][inv], ids)
 
 
-def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir):
+def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir, lean_attention):
     from labkit.env.records import RepairTask, TestSuite
     from labkit.policy.loading import load_policy
 
@@ -260,7 +260,7 @@ def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
         p = p + 1
 
 
-def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, monkeypatch):
+def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, lean_attention, monkeypatch):
     """Without a kept cache the lean decode stops computing rows that have ended; every row's
     tokens and log-probs equal the decode that keeps all rows (with the cache kept)."""
     from labkit.policy.loading import load_policy
