@@ -34,3 +34,22 @@ def test_extract_plain_and_fenced():
     assert extract_code(FIX + "\nThis fixes the off-by-one.\n") == FIX  # trailing chatter
     assert extract_code("") == ""
     assert extract_code("def f(:\n") == "def f(:\n"  # nothing parses: keep it for the sandbox
+
+
+
+def test_parsing_a_sample_prints_no_syntax_warning():
+    """``extract_code`` asks only whether a completion parses: code that parses with a
+    SyntaxWarning ("1if") is kept, and, under Python's default warning settings (a script, a
+    notebook), nothing is printed, where a plain ``ast.parse`` prints the warning."""
+    import subprocess
+    import sys
+
+    code = "def f(x):\n    return 1if x else 2\n"
+    script = ("import ast\nfrom labkit.policy.prompts import extract_code\n"
+              f"assert extract_code({code!r}) == {code!r}\nprint('parsed')\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout == "parsed\n", run.stderr
+    assert "SyntaxWarning" not in run.stderr, run.stderr
+    plain = subprocess.run([sys.executable, "-c", f"import ast; ast.parse({code!r})"],
+                           capture_output=True, text=True, timeout=60)
+    assert "SyntaxWarning: invalid decimal literal" in plain.stderr  # what the filter hides

@@ -305,3 +305,74 @@ def test_the_inverse_cdf_sampler_samples_the_policy_like_the_race(policy):
         SamplingConfig(engine="generate", sampler="inverse_cdf").validate()
     with pytest.raises(ValueError, match="sampler must be one of"):
         SamplingConfig(sampler="gumbel").validate()
+
+
+def _chunk_by_chunk(policy, tasks, cfg, threads):
+    """A naive second form of ``parallel_chunks > 1``: each chunk (here one task's group)
+    sampled alone, one after another, from torch's global stream seeded with its chunk's
+    seed, at ``threads`` intra-op threads (float rounding can depend on them)."""
+    import dataclasses
+
+    from labkit.policy.rollout import chunk_seed, intra_op_threads
+
+    out = []
+    with intra_op_threads(threads):
+        for k, task in enumerate(tasks):
+            one = dataclasses.replace(cfg, parallel_chunks=1, seed=chunk_seed(cfg.seed, k))
+            out += sample(policy, [task], one)
+    return out
+
+
+@pytest.mark.parametrize("engine,sampler", [("lean", "race"), ("lean", "inverse_cdf"),
+                                            ("loop", "race"), ("generate", "race")])
+def test_parallel_chunks_draw_each_chunk_from_its_own_stream(policy, engine, sampler, monkeypatch):
+    """``parallel_chunks = 2``: the chunks decode on two threads at one intra-op thread each,
+    and every chunk's completions and log-probs are what that chunk sampled alone from its own
+    seed; the first chunk's seed is ``seed``, so it matches a ``parallel_chunks = 1`` run's.
+    The intra-op thread count is restored afterwards; at one intra-op thread the chunks run
+    one after another in the calling thread, with the same numbers."""
+    import threading
+
+    import labkit.policy.rollout as rollout
+
+    tasks = [_task(0), _task(2), _task(3)]  # three chunks of G rows: prompts of other lengths
+    cfg = SamplingConfig(group_size=3, temperature=1.0, max_new_tokens=12, batch_size=3,
+                         seed=11, engine=engine, sampler=sampler, parallel_chunks=2)
+    seen = []
+    decode = rollout.decode
+
+    def spy(*args, **kwargs):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "decode", spy)
+    threads = torch.get_num_threads()
+    with rollout.intra_op_threads(2):
+        got = sample(policy, tasks, cfg)
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == threads
+    # the two decode threads get one intra-op thread each; generate runs here, on two
+    want = _chunk_by_chunk(policy, tasks, cfg, 2 if engine == "generate" else 1)
+    assert [(r.task_id, r.sample) for r in got] == [(r.task_id, r.sample) for r in want]
+    assert [r.completion_ids for r in got] == [r.completion_ids for r in want]
+    assert [r.logprobs for r in got] == [r.logprobs for r in want]
+    if engine == "generate":  # the global stream: one chunk after another, in this thread
+        assert seen == []
+    else:
+        parallel = seen[:3]
+        assert all(name.startswith("labkit-decode") for name, _ in parallel), parallel
+        assert {n for _, n in parallel} == {1}
+        # one intra-op thread: the chunks one after another in this thread, the same numbers
+        seen.clear()
+        with rollout.intra_op_threads(1):
+            serial = sample(policy, tasks, cfg)
+        assert [name for name, _ in seen] == [threading.current_thread().name] * 3
+        assert [(r.completion_ids, r.logprobs) for r in serial] == \
+            [(r.completion_ids, r.logprobs) for r in got]
+    assert rollout.chunk_seed(cfg.seed, 0) == cfg.seed  # the first chunk samples what "1" does
+    assert len({rollout.chunk_seed(cfg.seed, k) for k in range(100)}) == 100
+
+
+def test_parallel_chunks_is_checked():
+    with pytest.raises(ValueError, match="parallel_chunks must be >= 1, got 3, 256, 64 and 0"):
+        SamplingConfig(group_size=3, parallel_chunks=0).validate()

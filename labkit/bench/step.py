@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test-timeout", type=float, default=None,
                    help="the sandbox's per-test wall limit, s (sandbox.test_timeout_s; default: "
                         "the experiments')")
+    p.add_argument("--parallel-chunks", type=int, default=None,
+                   help="decode chunks sampled at once (sampling.parallel_chunks; default: the "
+                        "experiments', 2 since 2026-12-04)")
     p.add_argument("--sampler", choices=SAMPLERS, default=None,
                    help="how decoding draws a token (sampling.sampler; default: the experiments')")
     p.add_argument("--temperature", type=float, default=None,
@@ -112,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                            eval_tasks=0)
     if a.sampler:
         exp = dataclasses.replace(exp, sampler=a.sampler)
+    if a.parallel_chunks is not None:
+        if a.parallel_chunks < 1:
+            p.error(f"--parallel-chunks must be >= 1, got {a.parallel_chunks}")
+        exp = dataclasses.replace(exp, parallel_chunks=a.parallel_chunks)
     if a.temperature is not None:
         if a.temperature <= 0:
             p.error(f"--temperature must be > 0, got {a.temperature}")
@@ -190,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
            "distinct_programs_per_step": round(statistics.fmean(distinct), 1),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
-           "decode_batch": cfg.sampling.batch_size, "sampler": cfg.sampling.sampler,
+           "decode_batch": cfg.sampling.batch_size,
+           "parallel_chunks": cfg.sampling.parallel_chunks, "sampler": cfg.sampling.sampler,
            "temperature": cfg.sampling.temperature,
            "measured_steps": len(measured),
            "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}

@@ -571,7 +571,8 @@ class Trainer:
         t0 = time.time()
         ecfg = EvalConfig(k=self.cfg.eval_k, temperature=self.cfg.eval_temperature, greedy=False,
                           max_new_tokens=self.cfg.sampling.max_new_tokens,
-                          seed=derive_seed(self.cfg.seed, "eval"))
+                          seed=derive_seed(self.cfg.seed, "eval"),
+                          parallel_chunks=self.cfg.sampling.parallel_chunks)
         rep = evaluate(self.policy, self.eval_tasks, ecfg, sandbox=self.sandbox)
         row = {"step": self.step, "eval/pass_at_1": rep["pass_at_1"],
                f"eval/pass_at_{self.cfg.eval_k}": rep[f"pass_at_{self.cfg.eval_k}"],

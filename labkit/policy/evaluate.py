@@ -47,6 +47,10 @@ class EvalConfig:
     more sampling and sandbox pass."""
     batch_size: int = 64
     """Sequences per sampling batch (tasks x k are chunked to fit)."""
+    parallel_chunks: int = 1
+    """Sampling batches decoded at once on CPU threads, each from its own random stream
+    (:attr:`~labkit.policy.rollout.SamplingConfig.parallel_chunks`; ``1``: one after another
+    from one stream, as every evaluation recorded before 2026-12-04)."""
     seed: int = 1234
     """Sampling seed: fix it to evaluate different checkpoints on the same random numbers (a
     paired comparison)."""
@@ -71,7 +75,7 @@ def evaluate(policy, tasks: Sequence[RepairTask], config: EvalConfig | None = No
         sandbox = default_sandbox()
     scfg = SamplingConfig(group_size=cfg.k, temperature=cfg.temperature,
                           max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-                          seed=cfg.seed)
+                          seed=cfg.seed, parallel_chunks=cfg.parallel_chunks)
     rollouts, results = _run(policy, tasks, scfg, sandbox, progress)
     greedy_ok: dict[str, bool] = {}
     if cfg.greedy:

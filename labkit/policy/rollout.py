@@ -17,7 +17,9 @@ continue from a factual prefix without encoding it again.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from labkit.env.records import RepairTask, Rollout  # noqa: F401 (Rollout re-exported)
 from labkit.policy import lean
 from labkit.policy.prompts import build_prompt, extract_code
+from labkit.seeding import derive_seed
 
 
 ENGINES = ("lean", "loop", "generate")
@@ -74,13 +77,29 @@ class SamplingConfig:
     distribution (about 0.6 ms per token there), from another random stream, so a run's
     completions differ from a ``race`` run's of the same seed. ``race`` is the default:
     every recorded result was sampled with it."""
+    parallel_chunks: int = 1
+    """How many chunks of ``batch_size`` rows decode at once, each on its own thread with an
+    equal share of torch's intra-op threads, never more threads than ``torch.get_num_threads()``
+    (a CPU policy, engine ``lean`` or ``loop``; otherwise the chunks run one after another from
+    the same streams). A decode step of a few
+    dozen rows is too small for two cores to share well: the experiments' two 64-row chunks,
+    one per core, took a median 0.80-0.85x the time of decoding them one after the other on
+    both, and 0.29x with one core busy elsewhere (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
+    generator seeded with ``seed`` (every result recorded before 2026-12-04). ``> 1``: chunk
+    ``k`` draws from its own generator, seeded with :func:`chunk_seed`, so the completions do not
+    depend on the number of threads or their timing (the same tokens serially or in parallel, at
+    the same intra-op thread count); past the first chunk they differ from a ``1`` run's. The
+    trainer's held-out evaluation decodes the same way."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         check_sampler(self.sampler, self.engine)
-        if self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError("group_size, max_new_tokens and batch_size must be >= 1")
+        if (self.group_size < 1 or self.max_new_tokens < 1 or self.batch_size < 1
+                or self.parallel_chunks < 1):
+            raise ValueError("group_size, max_new_tokens, batch_size and parallel_chunks must be "
+                             f">= 1, got {self.group_size}, {self.max_new_tokens}, "
+                             f"{self.batch_size} and {self.parallel_chunks}")
         if self.temperature <= 0:
             raise ValueError("temperature must be > 0 (use a tiny value for near-greedy)")
 
@@ -207,7 +226,8 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: SamplingConfig,
-           eos_ids: set[int], pad_id: int, tokenizer=None, want_cache: bool = True):
+           eos_ids: set[int], pad_id: int, tokenizer=None, want_cache: bool = True,
+           generator: torch.Generator | None = None):
     """Ancestral sampling with a KV cache: ``y_t ~ softmax(z_t / T)`` restricted to the top-p
     nucleus and renormalised; records ``log softmax(z_t / T)[y_t]`` (unrestricted, the
     behaviour log-prob the update's importance ratio uses).
@@ -225,7 +245,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     sampled one (the :class:`KVRow` contract); ``want_cache=False``: the lean engine does not
     build it (``None``; its prompts' keys are shared by their rows, and a per-row cache is a
     copy), and stops computing rows that have ended once few enough are alive
-    (:data:`DROP_ENDED`).
+    (:data:`DROP_ENDED`). Tokens are drawn from ``generator`` (``None``: torch's global one).
     """
     from transformers import DynamicCache
 
@@ -259,7 +279,8 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
     # forward (``loop``) keeps ``no_grad``, its cache being handed on as it grows.
     with torch.inference_mode(step is not None):
         for t in range(cfg.max_new_tokens):
-            y, logp = draw(logits, cfg.temperature, cfg.top_p, sampler=cfg.sampler)  # [b], [b, V]
+            y, logp = draw(logits, cfg.temperature, cfg.top_p, sampler=cfg.sampler,
+                           generator=generator)  # [b], [b, V]
             y = torch.where(alive, y, torch.full_like(y, pad_id))
             toks.append(y)
             lps.append(logp.gather(-1, y[:, None]).squeeze(1))
@@ -293,11 +314,13 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg: Sa
 
 
 def draw(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-         greedy: bool = False, sampler: str = "race") -> tuple[torch.Tensor, torch.Tensor]:
+         greedy: bool = False, sampler: str = "race",
+         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One next token per row from ``[b, V]`` logits: ``y ~ softmax(z / T)`` restricted to the
     top-p nucleus and renormalised (``greedy``: ``argmax z``), drawn by ``sampler``
-    (:attr:`SamplingConfig.sampler`). Returns ``(y [b], log softmax(z / T) [b, V])``, the
-    unrestricted log-probs a rollout records."""
+    (:attr:`SamplingConfig.sampler`) from ``generator`` (``None``: torch's global one, on the
+    logits' device). Returns ``(y [b], log softmax(z / T) [b, V])``, the unrestricted log-probs
+    a rollout records."""
     scores = logits.float()  # [b, V]
     if temperature != 1.0:  # (z / 1 is z: the division is skipped, not approximated)
         scores = scores / temperature
@@ -309,8 +332,8 @@ def draw(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     probs = torch.softmax(scores, dim=-1)
     if sampler == "inverse_cdf":
         return _inverse_cdf(probs, torch.rand(probs.shape[0], 1, dtype=torch.float64,
-                                              device=probs.device)), logp
-    return _categorical(probs), logp
+                                              device=probs.device, generator=generator)), logp
+    return _categorical(probs, generator), logp
 
 
 def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -325,7 +348,7 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return y.clamp_(max=probs.shape[-1] - 1)
 
 
-def _categorical(probs: torch.Tensor) -> torch.Tensor:
+def _categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of ``[b, V]`` probabilities by the exponential race:
     ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. is distributed as ``Categorical(p)``
     (``argmin E_i / p_i`` is the first arrival of independent Poisson clocks of rates ``p_i``).
@@ -333,10 +356,10 @@ def _categorical(probs: torch.Tensor) -> torch.Tensor:
     same random stream (tested): written out so the rule is visible, with the noise from
     :func:`exponential_noise` (``exponential_``'s numbers drawn faster; it says the one
     rounding case where they could differ)."""
-    return probs.div(exponential_noise(probs)).argmax(dim=-1)
+    return probs.div(exponential_noise(probs, generator)).argmax(dim=-1)
 
 
-def exponential_noise(like: torch.Tensor) -> torch.Tensor:
+def exponential_noise(like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """``E ~ Exp(1)`` i.i.d., shaped like ``like``: for float32 on CPU the values
     ``like.exponential_()`` gives, from the same random stream, about 2.3x faster.
 
@@ -353,10 +376,11 @@ def exponential_noise(like: torch.Tensor) -> torch.Tensor:
     values differed when measured, and a token would change only if that one-ulp change
     decided the race. A test checks values and state bitwise on a decode step's shape. Float64
     (where that last bit shows), half precisions (the kernel's cast rounds through float32)
-    and other devices (their own kernels) draw with ``exponential_`` itself."""
+    and other devices (their own kernels) draw with ``exponential_`` itself. ``generator``:
+    the stream drawn from (``None``: torch's global one)."""
     if like.device.type != "cpu" or like.dtype != torch.float32:
-        return torch.empty_like(like).exponential_()
-    u = torch.rand(like.shape, dtype=torch.float64)
+        return torch.empty_like(like).exponential_(generator=generator)
+    u = torch.rand(like.shape, dtype=torch.float64, generator=generator)
     return u.neg_().log1p_().neg_().float()
 
 
@@ -374,6 +398,25 @@ def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
     return (torch.tensor(first, device=ids.device), torch.tensor(inv, device=ids.device))
 
 
+def chunk_seed(seed: int, k: int) -> int:
+    """The seed of chunk ``k``'s own random stream (:attr:`SamplingConfig.parallel_chunks`
+    ``> 1``): ``seed`` itself for the first chunk, so a batch of one chunk samples what
+    ``parallel_chunks = 1`` samples, and one derived from ``(seed, "chunk", k)`` after it."""
+    return seed if k == 0 else derive_seed(seed, "chunk", k)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """torch's intra-op thread count set to ``n`` inside the block, then restored. Threads
+    started inside the block take ``n`` when they first run a parallel operation."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
             keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
@@ -387,31 +430,65 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
     was_training = model.training
     model.eval()
     torch.manual_seed(cfg.seed)
+    chunks = [jobs[c0:c0 + cfg.batch_size] for c0 in range(0, len(jobs), cfg.batch_size)]
+    encs = [tok([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True,
+                add_special_tokens=False).to(policy.device) for chunk in chunks]
+    own_streams = cfg.parallel_chunks > 1
+    device = torch.device(policy.device)
+
+    def run(k: int):
+        """Chunk ``k``'s ``(new [b, T], chosen log-probs [b, T], cache or None)``."""
+        enc = encs[k]
+        if cfg.engine in ("lean", "loop"):
+            gen = (torch.Generator(device).manual_seed(chunk_seed(cfg.seed, k)) if own_streams
+                   else None)
+            new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
+                                        pad_id, tokenizer=tok, want_cache=keep_cache,
+                                        generator=gen)
+            return new, chosen, cache if keep_cache else None  # only kept caches outlive a chunk
+        if own_streams:
+            torch.manual_seed(chunk_seed(cfg.seed, k))  # generate draws from the global stream
+        gen = model.generate(
+            **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
+            stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
+            output_logits=True, return_dict_in_generate=True)
+        logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
+        new = gen.sequences[:, enc.input_ids.shape[1]:]  # [b, T]
+        logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
+        return new, chosen, gen.cache if keep_cache else None
+
+    # no more threads than torch may use: each gets an equal share of its intra-op threads
+    workers = min(cfg.parallel_chunks, len(chunks), torch.get_num_threads())
+    if workers > 1 and device.type == "cpu" and cfg.engine in ("lean", "loop"):
+        # each thread decodes whole chunks from its own stream: the order chunks finish in
+        # changes nothing
+        with intra_op_threads(torch.get_num_threads() // workers):
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="labkit-decode")
+            try:
+                futures = [pool.submit(run, k) for k in range(len(chunks))]
+                if progress:
+                    from tqdm.auto import tqdm
+
+                    for _ in tqdm(as_completed(futures), total=len(futures), desc="sampling",
+                                  unit="batch"):
+                        pass
+                decoded = [f.result() for f in futures]
+            finally:  # an error or an interrupt: chunks not yet started are dropped
+                pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        order = range(len(chunks))
+        if progress:
+            from tqdm.auto import tqdm
+
+            order = tqdm(order, desc="sampling", unit="batch")
+        decoded = [run(k) for k in order]
+
     out: list[Rollout] = []
     kv: list[KVRow] = []
-    chunks = range(0, len(jobs), cfg.batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        chunks = tqdm(chunks, desc="sampling", unit="batch")
-    for c0 in chunks:
-        chunk = jobs[c0:c0 + cfg.batch_size]
-        enc = tok([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True,
-                  add_special_tokens=False).to(policy.device)
+    for chunk, enc, (new, chosen, cache) in zip(chunks, encs, decoded):
         P = enc.input_ids.shape[1]
-        if cfg.engine in ("lean", "loop"):
-            new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
-                                        pad_id, tokenizer=tok, want_cache=keep_cache)
-        else:
-            gen = model.generate(
-                **enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens, pad_token_id=pad_id,
-                stop_strings=list(cfg.stop_strings) or None, tokenizer=tok,
-                output_logits=True, return_dict_in_generate=True)
-            new, cache = gen.sequences[:, P:], gen.cache  # [b, T]
-            logits = torch.stack(gen.logits, dim=1).float()  # [b, T, V]
-            logp = torch.log_softmax(logits / cfg.temperature, dim=-1)
-            chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [b, T]
         for row, (i, g) in enumerate(chunk):
             ids, eos_seen = strip_completion(new[row], pad_id, eos_ids)
             p_ids = enc.input_ids[row][enc.attention_mask[row].bool()].tolist()
