@@ -120,8 +120,8 @@ class ExperimentConfig:
     parallel_chunks: int = 2
     """Sampling chunks (64 rows) decoded at once, one per core, each from its own random stream
     (``sampling.parallel_chunks``, also the runs' held-out evaluations): 2 since 2026-12-04,
-    sampling in 0.80-0.85x the time idle, 0.29x with one core busy; every result recorded before it sampled with 1 (one
-    stream, one chunk after another), which reproduces them."""
+    sampling in 0.80-0.85x the time idle and 0.29x with one core busy; every result recorded
+    before it sampled with 1 (one stream, one chunk after another), which reproduces them."""
     lr: float = 5e-5
     """Peak AdamW learning rate (``optim.lr``), constant, no warm-up. 5e-5 moves the
     2M-parameter tiny model within tens of steps; a larger model wants far less."""
