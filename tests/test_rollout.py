@@ -376,3 +376,35 @@ def test_parallel_chunks_draw_each_chunk_from_its_own_stream(policy, engine, sam
 def test_parallel_chunks_is_checked():
     with pytest.raises(ValueError, match="parallel_chunks must be >= 1, got 3, 256, 64 and 0"):
         SamplingConfig(group_size=3, parallel_chunks=0).validate()
+
+
+def test_parallel_chunks_of_a_self_rewriting_rope_decode_one_after_another(random_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """A dynamic-NTK rotary embedding rewrites its frequencies as it runs: its chunks decode in
+    the calling thread, one after another, from the same per-chunk streams (the tokens of
+    each chunk sampled alone from its seed)."""
+    import json
+    import shutil
+    import threading
+
+    import labkit.policy.rollout as rollout
+
+    folder = tmp_path / "dynamic"
+    shutil.copytree(random_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {**config["rope_parameters"], "rope_type": "dynamic", "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    dynamic = load_policy(str(folder))
+    assert rollout.rewrites_itself(dynamic.model)
+    assert not rollout.rewrites_itself(load_policy(str(random_model_dir)).model)
+    names = []
+    decode = rollout.decode
+    monkeypatch.setattr(rollout, "decode", lambda *a, **k: names.append(
+        threading.current_thread().name) or decode(*a, **k))
+    tasks = [_task(0), _task(2)]
+    cfg = SamplingConfig(group_size=2, max_new_tokens=10, batch_size=2, seed=3, parallel_chunks=2)
+    with rollout.intra_op_threads(2):
+        got = sample(dynamic, tasks, cfg)
+    assert names == [threading.current_thread().name] * 2
+    want = _chunk_by_chunk(dynamic, tasks, cfg, 2)
+    assert [(r.completion_ids, r.logprobs) for r in got] == [(r.completion_ids, r.logprobs) for r in want]

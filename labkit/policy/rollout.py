@@ -80,8 +80,9 @@ class SamplingConfig:
     parallel_chunks: int = 1
     """How many chunks of ``batch_size`` rows decode at once, each on its own thread with an
     equal share of torch's intra-op threads, never more threads than ``torch.get_num_threads()``
-    (a CPU policy, engine ``lean`` or ``loop``; otherwise the chunks run one after another from
-    the same streams). A decode step of a few
+    (a CPU policy, engine ``lean`` or ``loop``, a model whose forward leaves its modules alone:
+    see :func:`rewrites_itself`; otherwise the chunks run one after another from the same
+    streams). A decode step of a few
     dozen rows is too small for two cores to share well: the experiments' two 64-row chunks,
     one per core, took a median 0.80-0.85x the time of decoding them one after the other on
     both, and 0.29x with one core busy elsewhere (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
@@ -417,6 +418,19 @@ def intra_op_threads(n: int):
         torch.set_num_threads(before)
 
 
+def rewrites_itself(model) -> bool:
+    """Whether ``model``'s forward rewrites module state: a rotary embedding of a dynamic
+    (NTK) or LongRoPE kind recomputes its frequencies from the positions it is called with.
+    Two threads decoding through it would race, so chunks of such a model decode one after
+    another (from the same streams: the tokens do not change)."""
+    for module in model.modules():
+        kind = getattr(module, "rope_type", None)
+        kinds = kind.values() if isinstance(kind, dict) else (kind,)
+        if any(isinstance(k, str) and ("dynamic" in k or k == "longrope") for k in kinds):
+            return True
+    return False
+
+
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
             keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
@@ -461,7 +475,8 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
 
     # no more threads than torch may use: each gets an equal share of its intra-op threads
     workers = min(cfg.parallel_chunks, len(chunks), torch.get_num_threads())
-    if workers > 1 and device.type == "cpu" and cfg.engine in ("lean", "loop"):
+    if (workers > 1 and device.type == "cpu" and cfg.engine in ("lean", "loop")
+            and not rewrites_itself(model)):
         # each thread decodes whole chunks from its own stream: the order chunks finish in
         # changes nothing
         with intra_op_threads(torch.get_num_threads() // workers):
