@@ -382,7 +382,7 @@ def test_parallel_chunks_of_a_self_rewriting_rope_decode_one_after_another(rando
                                                                            monkeypatch):
     """A dynamic-NTK rotary embedding rewrites its frequencies as it runs: its chunks decode in
     the calling thread, one after another, from the same per-chunk streams (the tokens of
-    each chunk sampled alone from its seed)."""
+    each chunk sampled alone from its seed). So do any model's under CPU autocast."""
     import json
     import shutil
     import threading
@@ -408,3 +408,9 @@ def test_parallel_chunks_of_a_self_rewriting_rope_decode_one_after_another(rando
     assert names == [threading.current_thread().name] * 2
     want = _chunk_by_chunk(dynamic, tasks, cfg, 2)
     assert [(r.completion_ids, r.logprobs) for r in got] == [(r.completion_ids, r.logprobs) for r in want]
+    # under CPU autocast (a per-thread setting) the plain model's chunks stay here too
+    names.clear()
+    plain = load_policy(str(random_model_dir))
+    with rollout.intra_op_threads(2), torch.autocast("cpu", dtype=torch.bfloat16):
+        sample(plain, tasks, cfg)
+    assert names == [threading.current_thread().name] * 2

@@ -80,9 +80,9 @@ class SamplingConfig:
     parallel_chunks: int = 1
     """How many chunks of ``batch_size`` rows decode at once, each on its own thread with an
     equal share of torch's intra-op threads, never more threads than ``torch.get_num_threads()``
-    (a CPU policy, engine ``lean`` or ``loop``, a model whose forward leaves its modules alone:
-    see :func:`rewrites_itself`; otherwise the chunks run one after another from the same
-    streams). A decode step of a few
+    (a CPU policy, engine ``lean`` or ``loop``, a model whose forward leaves its modules alone,
+    see :func:`rewrites_itself`, no CPU autocast; otherwise the chunks run one after another
+    from the same streams). A decode step of a few
     dozen rows is too small for two cores to share well: the experiments' two 64-row chunks,
     one per core, took a median 0.80-0.85x the time of decoding them one after the other on
     both, and 0.29x with one core busy elsewhere (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
@@ -475,8 +475,9 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
 
     # no more threads than torch may use: each gets an equal share of its intra-op threads
     workers = min(cfg.parallel_chunks, len(chunks), torch.get_num_threads())
+    # (autocast is a per-thread setting the decode threads would not inherit)
     if (workers > 1 and device.type == "cpu" and cfg.engine in ("lean", "loop")
-            and not rewrites_itself(model)):
+            and not torch.is_autocast_enabled("cpu") and not rewrites_itself(model)):
         # each thread decodes whole chunks from its own stream: the order chunks finish in
         # changes nothing
         with intra_op_threads(torch.get_num_threads() // workers):
