@@ -454,11 +454,11 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
         """Chunk ``k``'s ``(new [b, T], chosen log-probs [b, T], cache or None)``."""
         enc = encs[k]
         if cfg.engine in ("lean", "loop"):
-            gen = (torch.Generator(device).manual_seed(chunk_seed(cfg.seed, k)) if own_streams
-                   else None)
+            stream = (torch.Generator(device).manual_seed(chunk_seed(cfg.seed, k)) if own_streams
+                      else None)
             new, chosen, cache = decode(model, enc.input_ids, enc.attention_mask, cfg, eos_ids,
                                         pad_id, tokenizer=tok, want_cache=keep_cache,
-                                        generator=gen)
+                                        generator=stream)
             return new, chosen, cache if keep_cache else None  # only kept caches outlive a chunk
         if own_streams:
             torch.manual_seed(chunk_seed(cfg.seed, k))  # generate draws from the global stream
