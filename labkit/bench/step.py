@@ -5,8 +5,9 @@ samples at T = 1.6, up to 320 new tokens, a KL reference, the shipped tiny model
 synthetic tasks of the ``val`` templates (where the model has room to learn). ``--steps``
 steps run; the first is a warm-up, the others are measured and their phases averaged:
 
-* ``prefill`` (one forward over the batch's distinct prompts, timed again on its own) and
-  ``decode`` (the rest of sampling);
+* ``prefill`` (one forward over the batch's distinct prompts, timed again on its own, on all
+  of torch's threads) and ``decode`` (the rest of sampling; with ``parallel_chunks`` > 1 the
+  chunks' own prefills run inside their decode threads, so the split is an estimate);
 * ``sandbox`` (executing each distinct candidate, beside the feedback components that read
   only the code; ``distinct_programs_per_step`` says how many checks ran) and ``reward``
   (reshaping and the advantage estimator);
