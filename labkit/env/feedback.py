@@ -140,7 +140,7 @@ def _quiet_compiler():
         yield
 
 
-def _parse_candidate(code: str) -> ast.Module:
+def parse_candidate(code: str) -> ast.Module:
     """``ast.parse`` of a generated program, without compiler warnings (:func:`_quiet_compiler`)."""
     with _quiet_compiler():
         return ast.parse(code, "<candidate>")
@@ -377,7 +377,7 @@ def _strip_docstrings(module: ast.Module) -> ast.Module:
 
 @functools.lru_cache(maxsize=8192)
 def _parse(code: str) -> ast.Module:
-    return _strip_docstrings(_parse_candidate(code))
+    return _strip_docstrings(parse_candidate(code))
 
 
 def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:
@@ -504,7 +504,7 @@ def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> li
     parses = []
     for code in codes:
         try:
-            _parse_candidate(code)
+            parse_candidate(code)
             parses.append(True)
         except (SyntaxError, ValueError):
             parses.append(False)

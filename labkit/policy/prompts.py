@@ -24,10 +24,9 @@ by chatter, or a completion that restarts a ``###`` section.
 
 from __future__ import annotations
 
-import ast
 import re
-import warnings
 
+from labkit.env.feedback import parse_candidate
 from labkit.env.records import RepairTask
 
 INSTRUCTION = "Fix the bug in this Python function."
@@ -97,15 +96,9 @@ def training_text(task: RepairTask, fixed_code: str, feedback: str | None = None
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
-_PARSED_AS = "<sampled code>"
-# A sampled completion such as "return 1if x" parses with a SyntaxWarning that Python prints
-# for every new one; whether it parses is all that is asked here.
-warnings.filterwarnings("ignore", category=SyntaxWarning, module=re.escape(_PARSED_AS))
-
-
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code, filename=_PARSED_AS)
+        parse_candidate(code)  # without the compiler's warnings about dubious code ("1if")
         return True
     except (SyntaxError, ValueError):
         return False

@@ -82,15 +82,15 @@ class SamplingConfig:
     equal share of torch's intra-op threads, never more threads than ``torch.get_num_threads()``
     (a CPU policy, engine ``lean`` or ``loop``, a model whose forward leaves its modules alone,
     see :func:`rewrites_itself`, no CPU autocast; otherwise the chunks run one after another
-    from the same streams). A decode step of a few
-    dozen rows is too small for two cores to share well: the experiments' two 64-row chunks,
-    one per core, took a median 0.80-0.85x the time of decoding them one after the other on
-    both, and 0.29x with one core busy elsewhere (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
+    from the same streams). A decode step of a few dozen rows is too small for two cores to
+    share well: the experiments' two 64-row chunks, one per core, took a median 0.80-0.85x the
+    time of decoding them one after the other on both, and 0.29x with one core busy elsewhere
+    (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
     generator seeded with ``seed`` (every result recorded before 2026-12-04). ``> 1``: chunk
-    ``k`` draws from its own generator, seeded with :func:`chunk_seed`, so the completions do not
-    depend on the number of threads or their timing (the same tokens serially or in parallel, at
-    the same intra-op thread count); past the first chunk they differ from a ``1`` run's. The
-    trainer's held-out evaluation decodes the same way."""
+    ``k`` draws from its own generator, seeded with :func:`chunk_seed`, so the completions do
+    not depend on the number of threads or their timing (the same tokens serially or in
+    parallel, at the same intra-op thread count); past the first chunk they differ from a
+    ``1`` run's. The trainer's held-out evaluation decodes the same way."""
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -431,6 +431,15 @@ def rewrites_itself(model) -> bool:
     return False
 
 
+def _progress(items, total: int, show: bool):
+    """``items``, behind a tqdm bar of sampled chunks when ``show``."""
+    if not show:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, total=total, desc="sampling", unit="batch")
+
+
 def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             feedback: Sequence[str | None] | None, progress: bool,
             keep_cache: bool) -> tuple[list[Rollout], list[KVRow]]:
@@ -484,22 +493,13 @@ def _sample(policy, tasks: Sequence[RepairTask], config: SamplingConfig | None,
             pool = ThreadPoolExecutor(workers, thread_name_prefix="labkit-decode")
             try:
                 futures = [pool.submit(run, k) for k in range(len(chunks))]
-                if progress:
-                    from tqdm.auto import tqdm
-
-                    for _ in tqdm(as_completed(futures), total=len(futures), desc="sampling",
-                                  unit="batch"):
-                        pass
+                for _ in _progress(as_completed(futures), len(futures), progress):
+                    pass
                 decoded = [f.result() for f in futures]
             finally:  # an error or an interrupt: chunks not yet started are dropped
                 pool.shutdown(wait=True, cancel_futures=True)
     else:
-        order = range(len(chunks))
-        if progress:
-            from tqdm.auto import tqdm
-
-            order = tqdm(order, desc="sampling", unit="batch")
-        decoded = [run(k) for k in order]
+        decoded = [run(k) for k in _progress(range(len(chunks)), len(chunks), progress)]
 
     out: list[Rollout] = []
     kv: list[KVRow] = []
