@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel-chunks", type=int, default=None,
                    help="decode chunks sampled at once (sampling.parallel_chunks; default: the "
                         "experiments', 2 since 2026-12-04)")
+    p.add_argument("--update-engine", choices=("lean", "model"), default=None,
+                   help="how the update's completions attend their shared prompt (loss.engine; "
+                        "default: the experiments', lean since 2026-12-04)")
     p.add_argument("--sampler", choices=SAMPLERS, default=None,
                    help="how decoding draws a token (sampling.sampler; default: the experiments')")
     p.add_argument("--temperature", type=float, default=None,
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.sampling.batch_size = a.decode_batch
     if a.micro_batch:
         cfg.loss.micro_batch_size = a.micro_batch
+    if a.update_engine:
+        cfg.loss.engine = a.update_engine
     if a.test_timeout:
         cfg.sandbox = dataclasses.replace(cfg.sandbox, test_timeout_s=a.test_timeout)
     tasks = load_tasks("synthetic", split="val", n=a.tasks * a.steps, seed=0)
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
            "distinct_programs_per_step": round(statistics.fmean(distinct), 1),
            "timeouts_per_step": round(timeouts, 2), "test_timeout_s": cfg.sandbox.test_timeout_s,
            "batch": f"{a.tasks} tasks x {a.group} samples", "micro_batch": cfg.loss.micro_batch_size,
-           "decode_batch": cfg.sampling.batch_size,
+           "decode_batch": cfg.sampling.batch_size, "update_engine": cfg.loss.engine,
            "parallel_chunks": cfg.sampling.parallel_chunks, "sampler": cfg.sampling.sampler,
            "temperature": cfg.sampling.temperature,
            "measured_steps": len(measured),

@@ -144,6 +144,13 @@ class LossConfig:
     """Policy updates per rollout batch (1 = on-policy: ratio starts at 1)."""
     micro_batch_size: int = 32
     """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    engine: Literal["lean", "model"] = "lean"
+    """How the update's completions attend their shared prompt
+    (:func:`labkit.policy.rollout.sequence_logprobs`): ``lean`` reads each prompt's keys in
+    place with a split attention (:mod:`labkit.policy.tail`; CPU Llama-family models, else
+    the model's forward); ``model`` runs the model's own forward with the prompt's keys copied
+    to each row. The same function to float rounding; ``lean`` since 2026-12-04 (runs before
+    it used ``model``)."""
     horizon: int | None = None
     """The constant ``T`` that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO). ``None``:
     ``sampling.max_new_tokens``, the same on every step and every data-parallel rank (never

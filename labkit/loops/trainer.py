@@ -509,7 +509,7 @@ class Trainer:
             ref_logp = torch.zeros_like(mask)  # [B, T]
             with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
                 for mb, sub in zip(mbs, subs):
-                    lp = sequence_logprobs(ref, sub, temperature)[0]
+                    lp = sequence_logprobs(ref, sub, temperature, engine=cfg.engine)[0]
                     ref_logp[mb, :lp.shape[1]] = lp
         clock["reference"] += time.perf_counter() - t0
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
@@ -528,7 +528,8 @@ class Trainer:
                 t0 = time.perf_counter()
                 m = sub["completion_mask"]
                 t = m.shape[1]
-                logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True)  # [b, t]
+                logp, ent = sequence_logprobs(model, sub, temperature, with_entropy=True,
+                                              engine=cfg.engine)  # [b, t]
                 pg, pm = loss_fn(logp, old_logp[mb, :t], adv[mb, :t], m, eps_low=cfg.eps_low,
                                  eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, agg=cfg.agg,
                                  horizon=horizon)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.env.records import RepairTask, Rollout  # noqa: F401 (Rollout re-exported)
-from labkit.policy import lean
+from labkit.policy import lean, tail
 from labkit.policy.prompts import build_prompt, extract_code
 from labkit.seeding import derive_seed
 
@@ -601,17 +601,22 @@ def micro_batches(batch: dict, size: int, by_length: bool = True) -> list[list[i
 
 
 def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy: bool = False,
-                      share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      share_prompts: bool = True, engine: str = "lean"
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token ``log softmax(z / T)`` of the completion tokens, ``[B, T]`` (and entropy).
 
     Teacher-forced: logits at position ``P + t - 1`` predict completion token ``t``. With
     ``share_prompts`` (and rows that repeat a prompt, as a GRPO batch's G samples do) each
-    distinct prompt runs through the model once, its keys and values are indexed out to
-    its rows, and only the completions run per row: the same function of the parameters
-    (gradients flow back through the shared prompt into every row that uses it), with
-    ``(G - 1) / G`` of the prompt compute left out. Otherwise one forward over prompt +
-    completion.
+    distinct prompt runs through the model once and only the completions run per row: the
+    same function of the parameters (gradients flow back through the shared prompt into
+    every row that uses it), with ``(G - 1) / G`` of the prompt compute left out. The
+    completions attend their prompt's keys in place (``engine="lean"``, where
+    :func:`labkit.policy.tail.supports` the model: :func:`~labkit.policy.tail.tail_logits`)
+    or through the model's own forward with the keys and values indexed out to the rows
+    (``engine="model"``). Otherwise one forward over prompt + completion.
     """
+    if engine not in ("lean", "model"):
+        raise ValueError(f"engine must be 'lean' or 'model', got {engine!r}")
     P = batch["prompt_len"]
     ids, attn, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
     T = ids.shape[1] - P
@@ -624,12 +629,15 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
         head = model(input_ids=ids[first, :P], attention_mask=attn[first, :P],
                      position_ids=pos[first, :P], use_cache=True, logits_to_keep=1)
         cache = head.cache
-        cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
-        tail = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1], position_ids=pos[:, P:-1],
-                     cache=cache, use_cache=True) if T > 1 else None
         logits = head.logits[inv]  # [B, 1, V]: predicts completion token 0
-        if tail is not None:
-            logits = torch.cat([logits, tail.logits], dim=1)  # [B, T, V]
+        if T > 1 and engine == "lean" and tail.supports(model, ids.shape[1]) is None:
+            rest = tail.tail_logits(model, cache, attn[first, :P], inv, ids[:, P:-1], pos[:, P:-1])
+            logits = torch.cat([logits, rest], dim=1)  # [B, T, V]
+        elif T > 1:
+            cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
+            rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
+                         position_ids=pos[:, P:-1], cache=cache, use_cache=True).logits
+            logits = torch.cat([logits, rest], dim=1)  # [B, T, V]
     logits = logits.float() / temperature
     targets = ids[:, P:]  # [B, T]
     logp_all = F.log_softmax(logits, dim=-1)
