@@ -112,7 +112,7 @@ def run_labkit(model_dir: Path, tasks, args, out_dir: Path) -> dict:
                      "batch_size": args.prompts * args.group},
         "tasks": {"source": "records", "eval_tasks": 0},
         "loss": {"kl_coef": 0.0, "epochs": 1, "agg": "token-mean", "dual_clip": None,
-                 "micro_batch_size": args.prompts * args.group},
+                 "micro_batch_size": args.prompts * args.group, "engine": args.update_engine},
         "optim": {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "fused": args.fused},
         "eval_every": 0, "checkpoint_every": 10**6, "log_rollouts": 0,
     })
@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="labkit's sampling engine (SamplingConfig.engine)")
     p.add_argument("--sampler", choices=SAMPLERS, default="race",
                    help="how labkit's decode draws a token (SamplingConfig.sampler)")
+    p.add_argument("--update-engine", choices=["lean", "model"], default="lean",
+                   help="how labkit's update attends the shared prompts (LossConfig.engine)")
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
                    help="labkit's fused AdamW kernel (OptimConfig.fused; TRL's default optimiser is fused too)")
     args = p.parse_args(argv)
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out["labkit_engine"] = args.engine
     out["labkit_sampler"] = args.sampler
     out["labkit_fused_adamw"] = args.fused
+    out["labkit_update_engine"] = args.update_engine
     print(f"labkit {out['labkit_step_s']} s/step, TRL {out['trl_step_s']} s/step "
           f"(median after {args.warmup} warm-up steps, {args.repeats} alternated runs each): ratio {out['ratio']} (target <= 0.6, goal 0.5)")
     print(json.dumps(out))

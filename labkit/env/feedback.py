@@ -44,6 +44,7 @@ import random
 import re
 import subprocess
 import tempfile
+import threading
 import tokenize
 import warnings
 from collections import defaultdict
@@ -129,12 +130,20 @@ def r_pass(result: SandboxResult) -> float:
     return 1.0 if result.status == Status.PASSED else 0.0
 
 
+_WARNINGS_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _quiet_compiler():
     """Silence the warnings Python's compiler prints for dubious but valid code (``1if``, a
     bad escape like ``'\\d'``: ``SyntaxWarning`` or, before 3.12, ``DeprecationWarning``).
-    They are about the policy's programs, not the lab's, and would fill the logs."""
-    with warnings.catch_warnings():
+    They are about the policy's programs, not the lab's, and would fill the logs.
+
+    ``warnings.catch_warnings`` saves and restores the process's one filter list, so two
+    threads inside it at once (sampling threads, feedback components) could restore each
+    other's state and leave the filters changed for good; a lock keeps one thread inside at
+    a time (a parse takes microseconds)."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", SyntaxWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         yield
