@@ -364,3 +364,32 @@ def test_run_distinct_keys_on_the_whole_check():
     assert out[1] is out[0] and out[6] is out[0] and out[2] is not out[0]
     echo = Echo()
     assert run_distinct(echo, cands[2:6]) and echo.seen == [cands[2:6]]  # nothing repeated
+
+
+def test_quiet_compiler_leaves_the_warning_filters_as_they_were_under_threads():
+    """Two threads parsing warning-raising programs at once (a 1 us switch interval makes
+    them interleave inside the helper): afterwards the process's warning filters are the ones
+    it had. Without the helper's lock an extra ``ignore`` filter stayed behind."""
+    import sys
+    import warnings
+
+    from labkit.env.feedback import parse_candidate, r_compile
+
+    before = list(warnings.filters)
+
+    def work():
+        for _ in range(3000):
+            parse_candidate("x = 1if True else 2\n")
+            r_compile("y = '\\d'\n")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert warnings.filters == before
