@@ -3,33 +3,11 @@ shapes, GQA, attention bias, LoRA), and sampling with it gives the loop engine's
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import llama, lora, qwen2
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from labkit.policy import lean
 from labkit.policy.rollout import SamplingConfig, _distinct_rows, sample
-
-
-def _qwen2():
-    torch.manual_seed(1)
-    cfg = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                      rope_theta=1000.0, tie_word_embeddings=False)
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def _llama():
-    torch.manual_seed(2)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def _lora(model, targets=("q_proj", "v_proj", "up_proj")):
-    from peft import LoraConfig, get_peft_model
-
-    m = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
-                                         lora_dropout=0.0, init_lora_weights=False))
-    return m.eval()
 
 
 def _check_against_forward(model, steps=6, padded=True, flat=False):
@@ -76,7 +54,7 @@ def _check_against_forward(model, steps=6, padded=True, flat=False):
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["shared-prefix", "flat"])
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_matches_the_model_forward(make, flat):
     model = make()
     assert lean.supports(model) is None
@@ -84,7 +62,7 @@ def test_lean_step_matches_the_model_forward(make, flat):
 
 
 def test_lean_step_runs_lora_layers_unfused():
-    model = _lora(_qwen2())
+    model = lora(qwen2())
     assert lean.supports(model) is None
     _check_against_forward(model)
     _check_against_forward(model, flat=True)
@@ -97,11 +75,11 @@ def test_lean_step_runs_lora_layers_unfused():
 
 @pytest.mark.parametrize("flat", [False, True], ids=["shared-prefix", "flat"])
 def test_lean_step_matches_the_forward_on_prompts_of_one_length(flat):
-    _check_against_forward(_qwen2(), padded=False, flat=flat)
+    _check_against_forward(qwen2(), padded=False, flat=flat)
 
 
 def test_lean_step_calls_wrapped_output_and_down_projections_as_modules():
-    model = _lora(_llama(), targets=("o_proj", "down_proj"))
+    model = lora(llama(), targets=("o_proj", "down_proj"))
     _check_against_forward(model)
     step = lean.LeanStep(model, _prefilled(model), torch.ones(1, 2, dtype=torch.long), capacity=1)
     layer = lean.causal_lm(model).model.layers[0]
@@ -155,7 +133,7 @@ def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir, lean_atte
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_shares_a_prefix_between_rows(make):
     """Rows that share a prefill row (uneven counts, interleaved) read its keys in place and
     get the logits of ``model(...)`` on the cache expanded to the rows; the cache handed
@@ -204,7 +182,7 @@ def _two_prefilled(model, seed: int, length: int, pad: int):
     return caches, g, att, pos
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_flat_for_small_buffers_agrees_with_the_shared_prefix_path(make, monkeypatch):
     """Small buffers take one fused kernel over each row's own copy of its prefix (the
     default below ``FLAT_BYTES``), larger ones the shared-prefix products. Both give the
@@ -235,7 +213,7 @@ def test_lean_step_flat_for_small_buffers_agrees_with_the_shared_prefix_path(mak
         assert torch.allclose(mine.values, theirs.values, atol=1e-6)
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
     """Rows in prompt order, the same count per prompt (a sampling chunk before any row is
     dropped): the query grid is the rows themselves. The step then skips the scatter and
@@ -291,7 +269,7 @@ def test_lean_decode_drops_ended_rows_without_changing_tokens(random_model_dir, 
     assert torch.allclose(runs[False][1][writing], runs[True][1][writing], atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
 def test_lean_step_transposed_prefix_keys_give_the_same_logits(make):
     """The prefix keys are copied once, transposed, for the score product. With more than one
     query per prefix (r g > 1) the logits match those of the product over a transposed view

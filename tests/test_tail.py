@@ -4,7 +4,7 @@ log-probs and gradients through it against the model's own forward."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_models import llama, lora, qwen2
 
 from labkit.policy import tail
 from labkit.policy.rollout import sequence_logprobs
@@ -80,28 +80,8 @@ def test_slots_golden():
     assert w.whole and w.r == 2
 
 
-def _qwen2():
-    torch.manual_seed(1)
-    cfg = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-                      rope_theta=1000.0, tie_word_embeddings=False)
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-def _llama():
-    torch.manual_seed(2)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
-    return LlamaForCausalLM(cfg).eval()
-
-
 def _lora_llama():
-    from peft import LoraConfig, get_peft_model
-
-    m = get_peft_model(_llama(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
-                                            target_modules=["q_proj", "v_proj", "up_proj"],
-                                            init_lora_weights=False))
-    return m.eval()
+    return lora(llama())
 
 
 def _batch(u=3, g=4, P=9, T=7, seed=0):
@@ -123,7 +103,7 @@ def _batch(u=3, g=4, P=9, T=7, seed=0):
             "completion_mask": cmask, "prompt_len": P}
 
 
-@pytest.mark.parametrize("make", [_llama, _qwen2, _lora_llama], ids=["llama", "qwen2-gqa-bias", "lora"])
+@pytest.mark.parametrize("make", [llama, qwen2, _lora_llama], ids=["llama", "qwen2-gqa-bias", "lora"])
 def test_lean_tail_gives_the_model_forwards_log_probs_and_gradients(make, monkeypatch):
     """``engine="lean"`` (split attention, prompt keys in place) and ``engine="model"`` (the
     model's forward over copied keys): the same log-probs, entropies and parameter gradients
@@ -154,7 +134,7 @@ def test_lean_tail_gives_the_model_forwards_log_probs_and_gradients(make, monkey
 def test_lean_tail_with_a_group_split_over_micro_batches():
     """Rows of uneven groups in any order (a micro-batch cut inside a group): the same
     log-probs as the model's forward."""
-    model = _qwen2()
+    model = qwen2()
     batch = _batch(g=3)
     keep = torch.tensor([4, 0, 1, 5, 6, 2])  # prompt 1 twice, prompt 0 three times, prompt 2 once
     sub = {k: (v[keep] if torch.is_tensor(v) else v) for k, v in batch.items()}
@@ -165,12 +145,12 @@ def test_lean_tail_with_a_group_split_over_micro_batches():
 
 
 def test_supports_names_what_the_split_attention_does_not_handle():
-    model = _llama()
+    model = llama()
     assert "dtype" in tail.supports(model.to(torch.bfloat16))
-    q = _qwen2()
+    q = qwen2()
     q.config.attention_dropout = 0.1
     assert tail.supports(q) is None  # in eval mode dropout is off
     q.train()
     assert "dropout" in tail.supports(q)
     with pytest.raises(ValueError, match="engine"):
-        sequence_logprobs(_llama(), _batch(), engine="fast")
+        sequence_logprobs(llama(), _batch(), engine="fast")
