@@ -613,7 +613,9 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
     completions attend their prompt's keys in place (``engine="lean"``, where
     :func:`labkit.policy.tail.supports` the model: :func:`~labkit.policy.tail.tail_logits`)
     or through the model's own forward with the keys and values indexed out to the rows
-    (``engine="model"``). Otherwise one forward over prompt + completion.
+    (``engine="model"``). Otherwise one forward over prompt + completion. Positions past a
+    row's completion are the caller's to mask: the log-probs come masked, the entropies do
+    not (and there they depend on the engine).
     """
     if engine not in ("lean", "model"):
         raise ValueError(f"engine must be 'lean' or 'model', got {engine!r}")
