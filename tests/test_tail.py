@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import llama, lora, qwen2
 
-from labkit.policy import tail
+from labkit.policy import lean, tail
 from labkit.policy.rollout import sequence_logprobs
 
 
@@ -42,7 +42,7 @@ def test_split_attention_equals_one_softmax_over_the_copied_keys(rows, heads):
     """Output and every input's gradient equal the naive form's (float64)."""
     H, H_kv = heads
     q, kp, vp, ks, vs, mask, rows = _inputs(rows, H=H, H_kv=H_kv)
-    slots = tail.Slots(rows, kp.shape[0])
+    slots = lean.Slots(rows, kp.shape[0])
     bias = torch.zeros(3, 1, 1, 7, dtype=torch.float64).masked_fill_(~mask.bool()[:, None, None],
                                                                     float("-inf"))
     scale = 0.5
@@ -62,7 +62,7 @@ def test_split_attention_gradcheck():
     q, kp, vp, ks, vs, mask, rows = _inputs([1, 0, 1], u=2, H=2, H_kv=1, P=4, T=3, D=2, seed=3)
     bias = torch.zeros(2, 1, 1, 4, dtype=torch.float64)
     bias[1, ..., 0] = float("-inf")
-    slots = tail.Slots(rows, 2)
+    slots = lean.Slots(rows, 2)
     xs = [x.requires_grad_() for x in (q, kp, vp, ks, vs)]
     assert torch.autograd.gradcheck(lambda *x: tail.SplitAttention.apply(*x, bias, slots, 0.7), xs)
 
@@ -70,13 +70,13 @@ def test_split_attention_gradcheck():
 def test_slots_golden():
     """Rows of prompts [1, 0, 1, 2, 1]: three rows share prompt 1, so ``r = 3``; each row's
     slot is ``prompt * r + rank``; a grid of whole groups in order is the rows themselves."""
-    s = tail.Slots(torch.tensor([1, 0, 1, 2, 1]), 3)
+    s = lean.Slots(torch.tensor([1, 0, 1, 2, 1]), 3)
     assert s.r == 3 and s.slot.tolist() == [3, 0, 4, 6, 5] and not s.whole
     x = torch.arange(5.0).view(5, 1, 1, 1, 1)
     grid = s.to_grid(x)  # [u=3, 1, r*1*1=3, 1]
     assert grid[:, 0, :, 0].tolist() == [[1, 0, 0], [0, 2, 4], [3, 0, 0]]
     assert torch.equal(s.to_rows(grid, 1, 1), x)
-    w = tail.Slots(torch.tensor([0, 0, 1, 1]), 2)
+    w = lean.Slots(torch.tensor([0, 0, 1, 1]), 2)
     assert w.whole and w.r == 2
 
 

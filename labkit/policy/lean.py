@@ -69,6 +69,44 @@ def supports(model, max_len: int | None = None) -> str | None:
     return None
 
 
+class Slots:
+    """Rows in a per-prompt grid: row ``i`` sits in slot ``(rows[i], j)`` of a ``[u, r]``
+    grid, ``j`` its rank among the rows sharing prompt ``rows[i]``, ``r`` the most rows any
+    prompt has (a slot no row fills holds zeros). With every slot filled in order (``whole``:
+    a sampling chunk's or a GRPO micro-batch's whole groups, rows of a group adjacent) the
+    grid is the rows themselves and no scatter or gather runs. The queries of a prompt's rows
+    stacked this way meet its keys in one product (:class:`LeanStep`, one query per row) or
+    one fused-attention call (:class:`labkit.policy.tail.SplitAttention`, a completion's
+    ``T`` queries per row)."""
+
+    def __init__(self, rows: torch.Tensor, u: int):
+        self.u = u
+        counts = torch.bincount(rows, minlength=u)
+        self.r = int(counts.max())
+        order = torch.argsort(rows, stable=True)
+        start = torch.cumsum(counts, 0) - counts  # first sorted position of each prompt
+        rank = torch.empty_like(rows)
+        rank[order] = torch.arange(rows.numel(), device=rows.device) - start[rows[order]]
+        self.slot = rows * self.r + rank  # [b]
+        self.whole = bool(rows.numel() == u * self.r
+                          and torch.equal(self.slot, torch.arange(rows.numel(), device=rows.device)))
+
+    def to_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b, h, n, T, ...]`` -> ``[u, h, r n T, ...]`` (a prompt's rows one after another)."""
+        _, h, n, T, *rest = x.shape
+        g = x
+        if not self.whole:
+            g = x.new_zeros(self.u * self.r, h, n, T, *rest).index_copy_(0, self.slot, x)
+        return g.view(self.u, self.r, h, n, T, *rest).transpose(1, 2).reshape(
+            self.u, h, self.r * n * T, *rest)
+
+    def to_rows(self, x: torch.Tensor, n: int, T: int) -> torch.Tensor:
+        """Inverse of :meth:`to_grid`: ``[u, h, r n T, ...]`` -> ``[b, h, n, T, ...]``."""
+        u, h, _, *rest = x.shape
+        g = x.view(u, h, self.r, n, T, *rest).transpose(1, 2).reshape(u * self.r, h, n, T, *rest)
+        return g if self.whole else g.index_select(0, self.slot)
+
+
 class LeanStep:
     """One new token per row per call, attending a shared prefix and its own suffix.
 
@@ -175,20 +213,22 @@ class LeanStep:
                       if type(emb) is torch.nn.Embedding and emb.max_norm is None else emb)
 
     def _group(self, rows: torch.Tensor) -> None:
-        """The query grouping: row ``i`` sits in slot ``(rows[i], j)`` of a ``[u, r]`` grid,
-        ``j`` its rank among the rows sharing its prefix, ``r`` the most rows any prefix has."""
+        """The query grouping (:class:`Slots`): row ``i`` in slot ``(rows[i], j)`` of a
+        ``[u, r]`` grid, ``j`` its rank among the rows sharing its prefix."""
         self.rows = rows
-        self.r = int(torch.bincount(rows, minlength=self.u).max())
-        rank = torch.zeros_like(rows)
-        for p_ in torch.unique(rows).tolist():
-            at = (rows == p_).nonzero().flatten()
-            rank[at] = torch.arange(at.numel(), device=rows.device)
-        self.slot = rows * self.r + rank  # [b]
-        # every slot filled in order (a sampling chunk's G rows per prompt, none dropped yet):
-        # the grid is the rows themselves, and the scatter and gather below are skipped
-        self._whole = bool(rows.numel() == self.u * self.r
-                           and torch.equal(self.slot, torch.arange(rows.numel(), device=rows.device)))
+        self.slots = Slots(rows, self.u)
+        self.r = self.slots.r
         self._scores = None
+
+    @property
+    def _whole(self) -> bool:
+        """Every slot filled in order (a sampling chunk's G rows per prompt, none dropped yet):
+        the grid is the rows themselves, and the scatter and gather are skipped."""
+        return self.slots.whole
+
+    @_whole.setter
+    def _whole(self, value: bool) -> None:
+        self.slots.whole = value
 
     def keep(self, idx: torch.Tensor) -> None:
         """Go on with rows ``idx`` only (e.g. the ones that have not ended): their suffixes are
@@ -208,21 +248,14 @@ class LeanStep:
         self._group(self.rows.index_select(0, idx))
 
     def _to_grid(self, x: torch.Tensor) -> torch.Tensor:
-        """Rows ``[b, H_kv, g, ...]`` -> per prefix ``[u, H_kv, r g, ...]`` (empty slots 0).
-        Only for small per-row tensors (queries, maxima): the prefix-sized ones stay in the
-        grid layout."""
-        _, h, g, *rest = x.shape
-        grid = x
-        if not self._whole:  # scatter the rows into their slots, empty ones 0
-            grid = x.new_zeros(self.u * self.r, h, g, *rest).index_copy_(0, self.slot, x)
-        return grid.view(self.u, self.r, h, g, *rest).transpose(1, 2).reshape(
-            self.u, h, self.r * g, *rest)
+        """Rows ``[b, H_kv, g, ...]`` -> per prefix ``[u, H_kv, r g, ...]`` (empty slots 0):
+        :meth:`Slots.to_grid` with one query per row. Only for small per-row tensors
+        (queries, maxima): the prefix-sized ones stay in the grid layout."""
+        return self.slots.to_grid(x.unsqueeze(3))
 
     def _to_rows(self, x: torch.Tensor, g: int) -> torch.Tensor:
         """Inverse of :meth:`_to_grid`: ``[u, H_kv, r g, ...]`` -> ``[b, H_kv, g, ...]``."""
-        u, h, _, *rest = x.shape
-        grid = x.view(u, h, self.r, g, *rest).transpose(1, 2).reshape(u * self.r, h, g, *rest)
-        return grid if self._whole else grid.index_select(0, self.slot)
+        return self.slots.to_rows(x, g, 1).squeeze(3)
 
     def _attend(self, i: int, q: torch.Tensor) -> torch.Tensor:
         """``softmax([q K_p^T s + mask_p, q K_s^T s + mask_s]) [V_p; V_s]`` for ``q``

@@ -632,13 +632,14 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
                      position_ids=pos[first, :P], use_cache=True, logits_to_keep=1)
         cache = head.cache
         logits = head.logits[inv]  # [B, 1, V]: predicts completion token 0
-        if T > 1 and engine == "lean" and tail.supports(model, ids.shape[1]) is None:
-            rest = tail.tail_logits(model, cache, attn[first, :P], inv, ids[:, P:-1], pos[:, P:-1])
-            logits = torch.cat([logits, rest], dim=1)  # [B, T, V]
-        elif T > 1:
-            cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
-            rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
-                         position_ids=pos[:, P:-1], cache=cache, use_cache=True).logits
+        if T > 1:  # the other completion tokens, each row against its prompt's cache
+            if engine == "lean" and tail.supports(model, ids.shape[1]) is None:
+                rest = tail.tail_logits(model, cache, attn[first, :P], inv, ids[:, P:-1],
+                                        pos[:, P:-1])
+            else:
+                cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
+                rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
+                             position_ids=pos[:, P:-1], cache=cache, use_cache=True).logits
             logits = torch.cat([logits, rest], dim=1)  # [B, T, V]
     logits = logits.float() / temperature
     targets = ids[:, P:]  # [B, T]

@@ -54,40 +54,6 @@ def supports(model, max_len: int | None = None) -> str | None:
     return None
 
 
-class Slots:
-    """Rows in a per-prompt grid: row ``i`` sits in slot ``(rows[i], j)`` of a ``[u, r]``
-    grid, ``j`` its rank among the rows sharing prompt ``rows[i]``, ``r`` the most rows any
-    prompt has (a slot no row fills holds zeros). With every slot filled in order (a GRPO
-    micro-batch of whole groups, rows of a group adjacent) the grid is the rows themselves."""
-
-    def __init__(self, rows: torch.Tensor, u: int):
-        self.u = u
-        counts = torch.bincount(rows, minlength=u)
-        self.r = int(counts.max())
-        order = torch.argsort(rows, stable=True)
-        start = torch.cumsum(counts, 0) - counts  # first sorted position of each prompt
-        rank = torch.empty_like(rows)
-        rank[order] = torch.arange(rows.numel(), device=rows.device) - start[rows[order]]
-        self.slot = rows * self.r + rank  # [b]
-        self.whole = bool(rows.numel() == u * self.r
-                          and torch.equal(self.slot, torch.arange(rows.numel(), device=rows.device)))
-
-    def to_grid(self, x: torch.Tensor) -> torch.Tensor:
-        """``[b, h, n, T, ...]`` -> ``[u, h, r n T, ...]`` (a prompt's rows one after another)."""
-        _, h, n, T, *rest = x.shape
-        g = x
-        if not self.whole:
-            g = x.new_zeros(self.u * self.r, h, n, T, *rest).index_copy_(0, self.slot, x)
-        return g.view(self.u, self.r, h, n, T, *rest).transpose(1, 2).reshape(
-            self.u, h, self.r * n * T, *rest)
-
-    def to_rows(self, x: torch.Tensor, n: int, T: int) -> torch.Tensor:
-        """Inverse of :meth:`to_grid`: ``[u, h, r n T, ...]`` -> ``[b, h, n, T, ...]``."""
-        u, h, _, *rest = x.shape
-        g = x.view(u, h, self.r, n, T, *rest).transpose(1, 2).reshape(u * self.r, h, n, T, *rest)
-        return g if self.whole else g.index_select(0, self.slot)
-
-
 class SplitAttention(torch.autograd.Function):
     """``softmax([q K_p^T s + mask_p, q K_s^T s + causal]) [V_p; V_s]`` for the queries ``q``
     ``[b, H, T, D]`` of each row's tail, ``K_p, V_p`` ``[u, H_kv, P, D]`` the keys and values
@@ -97,7 +63,7 @@ class SplitAttention(torch.autograd.Function):
     parts are computed apart and merged by their log-sum-exps (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, kp, vp, ks, vs, bias_p, slots: Slots, scale: float):
+    def forward(ctx, q, kp, vp, ks, vs, bias_p, slots: lean.Slots, scale: float):
         b, H, T, D = q.shape
         n = H // kp.shape[1]  # query heads per key head, stacked with the rows
         qg = slots.to_grid(q.reshape(b, -1, n, T, D))
@@ -107,13 +73,13 @@ class SplitAttention(torch.autograd.Function):
         os_, ls = _flash(q, ks, vs, 0.0, True, scale=scale)
         lse = torch.logaddexp(lp, ls)
         out = (op * (lp - lse).exp().unsqueeze(-1) + os_ * (ls - lse).exp().unsqueeze(-1)).to(q.dtype)
-        ctx.save_for_backward(q, kp, vp, ks, vs, out, lse)
+        ctx.save_for_backward(q, qg, kp, vp, ks, vs, out, lse)
         ctx.bias_p, ctx.slots, ctx.scale, ctx.n = bias_p, slots, scale, n
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, kp, vp, ks, vs, out, lse = ctx.saved_tensors
+        q, qg, kp, vp, ks, vs, out, lse = ctx.saved_tensors
         slots, n, scale = ctx.slots, ctx.n, ctx.scale
         b, H, T, D = q.shape
         grad = grad.contiguous()
@@ -121,7 +87,7 @@ class SplitAttention(torch.autograd.Function):
         def grid(x):
             return slots.to_grid(x.reshape(b, -1, n, T, *x.shape[3:]))
 
-        gqp, gkp, gvp = _flash_backward(grid(grad), grid(q), kp, vp, grid(out), grid(lse), 0.0,
+        gqp, gkp, gvp = _flash_backward(grid(grad), qg, kp, vp, grid(out), grid(lse), 0.0,
                                         False, attn_mask=ctx.bias_p, scale=scale)
         gqs, gks, gvs = _flash_backward(grad, q, ks, vs, out, lse, 0.0, True, scale=scale)
         gq = slots.to_rows(gqp, n, T).reshape(b, H, T, D) + gqs
@@ -141,7 +107,7 @@ def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
     inner = lm.model
     b, T = ids.shape
     u, P = prompt_mask.shape
-    slots = Slots(rows, u)
+    slots = lean.Slots(rows, u)
     bias = None
     if not bool(prompt_mask.all()):
         bias = torch.zeros(u, 1, 1, P, dtype=cache.layers[0].keys.dtype, device=ids.device)
