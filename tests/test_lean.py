@@ -29,6 +29,8 @@ def _check_against_forward(model, steps=6, padded=True, flat=False):
         caches.append(c)
     step = lean.LeanStep(model, caches[0], att, capacity=steps, flat=flat)
     assert step.flat == flat
+    for buf in step.K + step.V:  # the buffers are not zeroed: no call may read a column
+        buf[:, :, step.S:] = float("nan")  # before it is written
     if flat:  # the padding is masked among the row's own columns, no mask without it
         assert step.P == 0 and (step.bias_s is not None) == padded
     else:  # without padding the prefix mask is not added

@@ -113,7 +113,7 @@ def test_lean_tail_gives_the_model_forwards_log_probs_and_gradients(make, monkey
     assert tail.supports(model, 16) is None
     calls = []
     real = tail.tail_logits
-    monkeypatch.setattr(tail, "tail_logits", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(tail, "tail_logits", lambda *a, **k: calls.append(1) or real(*a, **k))
     batch = _batch()
     got = {}
     for engine in ("lean", "model"):

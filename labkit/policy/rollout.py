@@ -613,15 +613,19 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
     completions attend their prompt's keys in place (``engine="lean"``, where
     :func:`labkit.policy.tail.supports` the model: :func:`~labkit.policy.tail.tail_logits`)
     or through the model's own forward with the keys and values indexed out to the rows
-    (``engine="model"``). Otherwise one forward over prompt + completion. Positions past a
-    row's completion are the caller's to mask: the log-probs come masked, the entropies do
-    not (and there they depend on the engine).
+    (``engine="model"``). Otherwise one forward over prompt + completion. The lean engine
+    computes the completion tokens only, not the right padding of shorter rows (the tail
+    packed, :func:`~labkit.policy.tail.tail_logits` with ``keep``). Positions past a row's
+    completion are the caller's to mask: the log-probs come masked, the entropies do not
+    (there they are 0 with the lean engine, the padding's with the others).
     """
     if engine not in ("lean", "model"):
         raise ValueError(f"engine must be 'lean' or 'model', got {engine!r}")
     P = batch["prompt_len"]
     ids, attn, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    cmask = batch["completion_mask"]
     T = ids.shape[1] - P
+    targets = ids[:, P:]  # [B, T]
     first, inv = _distinct_rows(ids[:, :P], attn[:, :P]) if share_prompts and T > 0 else (None, None)
     if first is None or len(first) == ids.shape[0]:
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
@@ -632,23 +636,39 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
                      position_ids=pos[first, :P], use_cache=True, logits_to_keep=1)
         cache = head.cache
         logits = head.logits[inv]  # [B, 1, V]: predicts completion token 0
+        if T > 1 and engine == "lean" and tail.supports(model, ids.shape[1]) is None:
+            # the tail's kept inputs only: position t predicts token t + 1
+            keep = cmask[:, 1:].bool()  # [B, T - 1]
+            rest = tail.tail_logits(model, cache, attn[first, :P], inv, ids[:, P:-1],
+                                    pos[:, P:-1], keep=keep)  # [N, V]
+            lp, ent = _token_logprobs(torch.cat([logits[:, 0], rest]),
+                                      torch.cat([targets[:, 0], targets[:, 1:][keep]]),
+                                      temperature, with_entropy)
+            # where each packed value goes in [B, T]: token 0 of every row, then tail position
+            # j of row b (flat index f = b (T - 1) + j in ``keep``) to token j + 1
+            f = keep.reshape(-1).nonzero().squeeze(1)
+            order = torch.cat([torch.arange(len(keep), device=f.device) * T, f + f // (T - 1) + 1])
+            lp = lp.new_zeros(cmask.numel()).index_copy(0, order, lp).view_as(cmask)
+            if ent is not None:
+                ent = ent.new_zeros(cmask.numel()).index_copy(0, order, ent).view_as(cmask)
+            return lp * cmask, ent
         if T > 1:  # the other completion tokens, each row against its prompt's cache
-            if engine == "lean" and tail.supports(model, ids.shape[1]) is None:
-                rest = tail.tail_logits(model, cache, attn[first, :P], inv, ids[:, P:-1],
-                                        pos[:, P:-1])
-            else:
-                cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
-                rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
-                             position_ids=pos[:, P:-1], cache=cache, use_cache=True).logits
+            cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
+            rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
+                         position_ids=pos[:, P:-1], cache=cache, use_cache=True).logits
             logits = torch.cat([logits, rest], dim=1)  # [B, T, V]
-    logits = logits.float() / temperature
-    targets = ids[:, P:]  # [B, T]
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    ent = None
-    if with_entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
-    return logp * batch["completion_mask"], ent
+    logp, ent = _token_logprobs(logits, targets, temperature, with_entropy)
+    return logp * cmask, ent
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(z / T)[y]`` and (``with_entropy``) ``-sum_v p(v) log p(v)`` for logits
+    ``[..., V]`` and targets ``[...]``."""
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, ent
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

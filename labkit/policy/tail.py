@@ -95,14 +95,22 @@ class SplitAttention(torch.autograd.Function):
 
 
 def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
-                ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+                ids: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """Logits ``[b, T, V]`` of the tail tokens ``ids`` ``[b, T]`` at positions ``pos``, each
     row attending its prompt's keys and values in ``cache`` (the distinct prompts' forward,
     ``[u, H_kv, P, D]`` per layer, left padded as ``prompt_mask`` ``[u, P]`` says; row ``i``'s
     prompt is ``rows[i]``) and then its own tail, causally: what the model's forward over
     ``[prompt; tail]`` gives at the tail's positions (to float rounding), differentiable
     through the cache into the prompts' forward. The tail is right padded: a padding
-    column is never seen by an earlier one, and its own output is the caller's to ignore."""
+    column is never seen by an earlier one, and its own output is the caller's to ignore.
+
+    ``keep`` ``[b, T]`` (bool, each row's kept positions a prefix of its tail): only those
+    positions are computed and their logits come back packed, ``[N, V]`` in row-major order
+    of ``keep``. The token-wise work (embedding, norms, projections, MLP, the vocabulary
+    projection) then runs on the ``N`` kept tokens only; the attention alone sees the padded
+    ``[b, H, T, D]`` layout, the padding's queries, keys and values zero (a padding column
+    comes after every kept one, so the causal part never reads it)."""
     lm = lean.causal_lm(model)
     inner = lm.model
     b, T = ids.shape
@@ -112,20 +120,34 @@ def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
     if not bool(prompt_mask.all()):
         bias = torch.zeros(u, 1, 1, P, dtype=cache.layers[0].keys.dtype, device=ids.device)
         bias.masked_fill_(~prompt_mask.bool()[:, None, None], float("-inf"))
-    x = inner.embed_tokens(ids)  # [b, T, d]
-    cos, sin = inner.rotary_emb(x, pos)
-    cos, sin = cos[:, None], sin[:, None]  # [b, 1, T, D]
+    where = None if keep is None else keep.reshape(-1).nonzero().squeeze(1)  # [N]
+    flat_ids, flat_pos = ids.reshape(-1), pos.reshape(-1)
+    if where is not None:
+        flat_ids, flat_pos = flat_ids[where], flat_pos[where]
+    x = inner.embed_tokens(flat_ids)  # [N, d], N = b T unless ``keep``
+    cos, sin = inner.rotary_emb(x, flat_pos[None])
+    cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, D]
+
+    def heads(t: torch.Tensor, d: int) -> torch.Tensor:
+        """``[N, h d]`` -> ``[b, h, T, d]`` (padding zero)."""
+        t = t.view(t.shape[0], -1, d)
+        if where is not None:
+            t = t.new_zeros(b * T, *t.shape[1:]).index_copy(0, where, t)
+        return t.view(b, T, -1, d).transpose(1, 2)
+
     for i, layer in enumerate(inner.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        q, k, v = (proj(h).view(b, T, -1, a.head_dim).transpose(1, 2)
-                   for proj in (a.q_proj, a.k_proj, a.v_proj))
-        q, k = lean._rope(q, cos, sin), lean._rope(k, cos, sin)
+        d = a.head_dim
+        q, k = (lean._rope(proj(h).view(h.shape[0], -1, d), cos, sin) for proj in (a.q_proj, a.k_proj))
+        q, k, v = heads(q, d), heads(k, d), heads(a.v_proj(h), d)
         n = q.shape[1] // k.shape[1]
         if n > 1:  # grouped-query attention: the tail's own keys per query head (a few columns)
             k, v = k.repeat_interleave(n, 1), v.repeat_interleave(n, 1)
         o = SplitAttention.apply(q, cache.layers[i].keys, cache.layers[i].values, k, v, bias,
                                  slots, a.scaling)
-        x = x + a.o_proj(o.transpose(1, 2).reshape(b, T, -1))
+        o = o.transpose(1, 2).reshape(b * T, -1)
+        x = x + a.o_proj(o if where is None else o.index_select(0, where))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return lm.lm_head(inner.norm(x))
+    logits = lm.lm_head(inner.norm(x))  # [N, V]
+    return logits if where is not None else logits.view(b, T, -1)
