@@ -154,3 +154,33 @@ def test_supports_names_what_the_split_attention_does_not_handle():
     assert "dropout" in tail.supports(q)
     with pytest.raises(ValueError, match="engine"):
         sequence_logprobs(llama(), _batch(), engine="fast")
+
+
+@pytest.mark.parametrize("make", [llama, qwen2], ids=["llama", "qwen2-gqa-bias"])
+def test_packed_tail_equals_the_padded_tail_at_kept_positions(make):
+    """``keep``: the kept positions' logits and gradients as the padded tail computes them,
+    and what stands in the padding (its tokens) changes nothing."""
+    model = make()
+    batch = _batch()
+    P, ids, attn, pos = batch["prompt_len"], batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    keep = batch["completion_mask"][:, 1:].bool()
+    assert not keep.all() and keep.any()  # rows of several lengths
+    first = torch.tensor([0, 4, 8])
+    rows = torch.arange(12) // 4
+    out = []
+    for packed, tail_ids in ((False, ids[:, P:-1]), (True, ids[:, P:-1]),
+                             (True, ids[:, P:-1].masked_fill(~keep, 77))):
+        model.zero_grad()
+        head = model(input_ids=ids[first, :P], attention_mask=attn[first, :P],
+                     position_ids=pos[first, :P], use_cache=True)
+        z = tail.tail_logits(model, head.cache, attn[first, :P], rows, tail_ids, pos[:, P:-1],
+                             keep=keep if packed else None)
+        z = z if packed else z[keep]  # [N, V]
+        (z.square().mean()).backward()
+        out.append((z.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (z0, g0), (z1, g1), (z2, g2) = out
+    assert z1.shape == (int(keep.sum()), z0.shape[-1])
+    assert torch.allclose(z0, z1, atol=1e-5) and torch.equal(z1, z2)
+    assert len(g0) == len(g1) > 0
+    for a, b, c in zip(g0, g1, g2):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4) and torch.equal(b, c)
