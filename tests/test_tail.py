@@ -184,3 +184,21 @@ def test_packed_tail_equals_the_padded_tail_at_kept_positions(make):
     assert len(g0) == len(g1) > 0
     for a, b, c in zip(g0, g1, g2):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4) and torch.equal(b, c)
+
+
+def test_lean_tail_with_no_kept_tail_token():
+    """Completions of at most one token in a batch with more columns (a caller's own padding):
+    the packed tail is empty, and both engines give the same log-probs and a backward."""
+    model = llama()
+    batch = _batch()
+    P = batch["prompt_len"]
+    batch["completion_mask"][:, 1:] = 0
+    batch["attention_mask"][:, P + 1:] = 0
+    batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    got = []
+    for engine in ("lean", "model"):
+        logp, ent = sequence_logprobs(model, batch, 1.0, with_entropy=True, engine=engine)
+        (logp.sum() + ent[:, 0].sum()).backward()
+        got.append((logp.detach(), ent[:, 0].detach()))
+    assert torch.allclose(got[0][0], got[1][0], atol=1e-5) and torch.allclose(got[0][1], got[1][1], atol=1e-5)
+    assert (got[0][0][:, 1:] == 0).all()

@@ -130,7 +130,7 @@ def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
 
     def heads(t: torch.Tensor, d: int) -> torch.Tensor:
         """``[N, h d]`` -> ``[b, h, T, d]`` (padding zero)."""
-        t = t.view(t.shape[0], -1, d)
+        t = t.unflatten(-1, (-1, d))  # (not view: N may be 0)
         if where is not None:
             t = t.new_zeros(b * T, *t.shape[1:]).index_copy(0, where, t)
         return t.view(b, T, -1, d).transpose(1, 2)
@@ -139,7 +139,7 @@ def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
         a = layer.self_attn
         h = layer.input_layernorm(x)
         d = a.head_dim
-        q, k = (lean._rope(proj(h).view(h.shape[0], -1, d), cos, sin) for proj in (a.q_proj, a.k_proj))
+        q, k = (lean._rope(proj(h).unflatten(-1, (-1, d)), cos, sin) for proj in (a.q_proj, a.k_proj))
         q, k, v = heads(q, d), heads(k, d), heads(a.v_proj(h), d)
         n = q.shape[1] // k.shape[1]
         if n > 1:  # grouped-query attention: the tail's own keys per query head (a few columns)
