@@ -128,19 +128,18 @@ def tail_logits(model, cache, prompt_mask: torch.Tensor, rows: torch.Tensor,
     cos, sin = inner.rotary_emb(x, flat_pos[None])
     cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, D]
 
-    def heads(t: torch.Tensor, d: int) -> torch.Tensor:
-        """``[N, h d]`` -> ``[b, h, T, d]`` (padding zero)."""
-        t = t.unflatten(-1, (-1, d))  # (not view: N may be 0)
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        """``[N, h, d]`` -> ``[b, h, T, d]`` (the padding zero)."""
         if where is not None:
             t = t.new_zeros(b * T, *t.shape[1:]).index_copy(0, where, t)
-        return t.view(b, T, -1, d).transpose(1, 2)
+        return t.view(b, T, *t.shape[1:]).transpose(1, 2)
 
     for i, layer in enumerate(inner.layers):
         a = layer.self_attn
         h = layer.input_layernorm(x)
-        d = a.head_dim
-        q, k = (lean._rope(proj(h).unflatten(-1, (-1, d)), cos, sin) for proj in (a.q_proj, a.k_proj))
-        q, k, v = heads(q, d), heads(k, d), heads(a.v_proj(h), d)
+        # [N, h, d] (unflatten, not a view with -1: N may be 0)
+        q, k, v = (proj(h).unflatten(-1, (-1, a.head_dim)) for proj in (a.q_proj, a.k_proj, a.v_proj))
+        q, k, v = heads(lean._rope(q, cos, sin)), heads(lean._rope(k, cos, sin)), heads(v)
         n = q.shape[1] // k.shape[1]
         if n > 1:  # grouped-query attention: the tail's own keys per query head (a few columns)
             k, v = k.repeat_interleave(n, 1), v.repeat_interleave(n, 1)
