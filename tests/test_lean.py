@@ -225,8 +225,8 @@ def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
     caches, g, att, pos = _two_prefilled(model, seed=5, length=6, pad=2)
     rows = torch.tensor([0, 0, 0, 1, 1, 1])
     fast, general = (lean.LeanStep(model, c, att, capacity=4, rows=rows, flat=False) for c in caches)
-    assert fast._whole
-    general._whole = False
+    assert fast.slots.whole
+    general.slots.whole = False
     p = pos[rows][:, -1:] + 1
     for t in range(3):
         y = torch.randint(3, 90, (6,), generator=g)
@@ -234,7 +234,7 @@ def test_lean_step_whole_grid_skips_the_scatter_with_the_same_logits(make):
             keep = torch.tensor([0, 2, 3, 4, 5])
             fast.keep(keep)
             general.keep(keep)
-            assert not fast._whole
+            assert not fast.slots.whole
             y, p = y[keep], p[keep]
         assert torch.equal(fast(y, p), general(y, p))
         p = p + 1

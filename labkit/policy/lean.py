@@ -222,16 +222,6 @@ class LeanStep:
         self.r = self.slots.r
         self._scores = None
 
-    @property
-    def _whole(self) -> bool:
-        """Every slot filled in order (a sampling chunk's G rows per prompt, none dropped yet):
-        the grid is the rows themselves, and the scatter and gather are skipped."""
-        return self.slots.whole
-
-    @_whole.setter
-    def _whole(self, value: bool) -> None:
-        self.slots.whole = value
-
     def keep(self, idx: torch.Tensor) -> None:
         """Go on with rows ``idx`` only (e.g. the ones that have not ended): their suffixes are
         copied out, the shared prefixes stay. Later calls take and return those rows only;

@@ -644,14 +644,13 @@ def sequence_logprobs(model, batch: dict, temperature: float = 1.0, with_entropy
             lp, ent = _token_logprobs(torch.cat([logits[:, 0], rest]),
                                       torch.cat([targets[:, 0], targets[:, 1:][keep]]),
                                       temperature, with_entropy)
-            # where each packed value goes in [B, T]: token 0 of every row, then tail position
-            # j of row b (flat index f = b (T - 1) + j in ``keep``) to token j + 1
-            f = keep.reshape(-1).nonzero().squeeze(1)
-            order = torch.cat([torch.arange(len(keep), device=f.device) * T, f + f // (T - 1) + 1])
-            lp = lp.new_zeros(cmask.numel()).index_copy(0, order, lp).view_as(cmask)
-            if ent is not None:
-                ent = ent.new_zeros(cmask.numel()).index_copy(0, order, ent).view_as(cmask)
-            return lp * cmask, ent
+            B = len(keep)
+
+            def unpack(v: torch.Tensor) -> torch.Tensor:
+                """Token 0 of every row, then the tail's kept tokens -> ``[B, T]`` (0 elsewhere)."""
+                return torch.cat([v[:B, None], v.new_zeros(keep.shape).masked_scatter(keep, v[B:])], 1)
+
+            return unpack(lp) * cmask, (None if ent is None else unpack(ent))
         if T > 1:  # the other completion tokens, each row against its prompt's cache
             cache.reorder_cache(inv)  # [u, ...] -> [B, ...], differentiable (index_select)
             rest = model(input_ids=ids[:, P:-1], attention_mask=attn[:, :-1],
