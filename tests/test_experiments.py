@@ -199,6 +199,39 @@ def test_report_rewrite_keeps_the_hand_written_commentary(tmp_path):
     assert text.endswith(COMMENTARY + "\n\nWhat the numbers say.\n")
 
 
+def test_figures_in_a_subfolder_load_the_projects_shared_plotly_copy(tmp_path):
+    import plotly.graph_objects as go
+    from plotly.offline import get_plotlyjs_version
+
+    from labkit.experiments import save_figure, write_figure_html
+
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 0], name="curve"))
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    shared = results / "plotly.min.js"
+    shared.write_text(f"/**\n* plotly.js v{get_plotlyjs_version()}\n*/\n")
+    probe = results / "probes" / "p1"
+    html, _ = save_figure(fig, probe, "learning")
+    page = html.read_text()
+    assert 'src="../../plotly.min.js"' in page and '"name":"curve"' in page
+    assert not (probe / "plotly.min.js").exists()  # no second copy
+
+    shared.write_text("/**\n* plotly.js v0.0.1\n*/\n")  # another version: not shared
+    html = write_figure_html(fig, probe / "learning.html")
+    assert 'src="plotly.min.js"' in html.read_text()
+    assert (probe / "plotly.min.js").stat().st_size > 1_000_000
+    html = write_figure_html(fig, probe / "other.html")  # the folder's own copy serves the next
+    assert 'src="plotly.min.js"' in html.read_text()
+
+    (tmp_path / "pyproject.toml").unlink()  # outside a project only the folder itself counts
+    (tmp_path / "docs" / "plotly.min.js").write_text(f"/**\n* plotly.js v{get_plotlyjs_version()}\n*/\n")
+    (tmp_path / "docs" / "elsewhere").mkdir()
+    html = write_figure_html(fig, tmp_path / "docs" / "elsewhere" / "x.html")
+    assert 'src="plotly.min.js"' in html.read_text()
+    assert (tmp_path / "docs" / "elsewhere" / "plotly.min.js").stat().st_size > 1_000_000
+
+
 def test_paired_difference_golden_and_bootstrap():
     from labkit.experiments.paired import paired_difference
 

@@ -521,11 +521,10 @@ def _figure(results: dict, out: Path, name: str):
 
 
 def save_figure(fig, out: Path, name: str, width: int = 900, height: int = 500):
-    """``<out>/<name>.html`` (sharing one ``plotly.min.js`` beside the reports) and, when
+    """``<out>/<name>.html`` (loading plotly.js as :func:`write_figure_html` says) and, when
     kaleido can render it, ``<name>.png``; returns both paths (``None`` for a skipped PNG)."""
     out.mkdir(parents=True, exist_ok=True)
-    html = out / f"{name}.html"
-    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)
+    html = write_figure_html(fig, out / f"{name}.html")
     png = out / f"{name}.png"
     try:
         fig.write_image(str(png), width=width, height=height)
@@ -534,6 +533,46 @@ def save_figure(fig, out: Path, name: str, width: int = 900, height: int = 500):
         png.unlink(missing_ok=True)  # never leave an earlier run's picture beside this page
         png = None
     return html, png
+
+
+PLOTLY_JS = "plotly.min.js"
+
+
+def shared_plotly_js(folder: Path) -> str | None:
+    """The path, relative to ``folder``, of the nearest ``plotly.min.js`` of the installed
+    plotly's version in ``folder`` or a folder above it inside the same project (the walk
+    stops at the first folder holding ``.git`` or ``pyproject.toml``; outside a project only
+    ``folder`` itself is looked at); ``None`` when there is none.
+
+    This is what lets the figures of ``docs/results/probes/<name>/`` load the one committed
+    ``docs/results/plotly.min.js`` instead of each folder carrying its own 4.6 MB copy."""
+    import os
+
+    from plotly.offline import get_plotlyjs_version
+
+    folder = folder.resolve()
+    chain = [folder, *folder.parents]
+    top = next((i for i, d in enumerate(chain)
+                if (d / ".git").exists() or (d / "pyproject.toml").is_file()), 0)
+    wanted = f"plotly.js v{get_plotlyjs_version()}"
+    for d in chain[:top + 1]:
+        js = d / PLOTLY_JS
+        if js.is_file():
+            with js.open(errors="replace") as f:
+                head = f.read(200)
+            if wanted in head:
+                return Path(os.path.relpath(js, folder)).as_posix()
+    return None
+
+
+def write_figure_html(fig, html: Path) -> Path:
+    """Write ``fig`` as a full HTML page at ``html``. The page loads plotly.js from the nearest
+    copy of the installed version found by :func:`shared_plotly_js` (``plotly.min.js``
+    beside the page, or e.g. ``../../plotly.min.js``); when there is none, one copy is
+    written beside the page, where every later figure of that folder shares it."""
+    shared = shared_plotly_js(html.parent)
+    fig.write_html(str(html), include_plotlyjs=shared or "directory", full_html=True)
+    return html
 
 
 def load(name: str):

@@ -41,7 +41,7 @@ from labkit.credit.ground_truth import hunk_effects, pass_fraction
 from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
-from labkit.experiments import RESULTS, write_markdown
+from labkit.experiments import RESULTS, write_figure_html, write_markdown
 from labkit.loops.forks import measure_forks
 from labkit.loops.metrics import average_ranks
 from labkit.policy import forking as fk
@@ -528,8 +528,7 @@ def _figure(tab: dict, out: Path):
                              name=f"{name} sign", legendgroup=name), 1, 2)
     fig.update_layout(title="Per-hunk credit vs edit-level counterfactual effect",
                       template="plotly_white", barmode="group")
-    html = out / "credit.html"
-    fig.write_html(str(html), include_plotlyjs="directory", full_html=True)  # one plotly.min.js beside them
+    html = write_figure_html(fig, out / "credit.html")
     png = out / "credit.png"
     try:
         fig.write_image(str(png), width=1100, height=500)
