@@ -232,6 +232,26 @@ def test_figures_in_a_subfolder_load_the_projects_shared_plotly_copy(tmp_path):
     assert (tmp_path / "docs" / "elsewhere" / "plotly.min.js").stat().st_size > 1_000_000
 
 
+def test_a_paired_list_that_cannot_be_filled_fails_before_any_training(tmp_path, monkeypatch):
+    """run_methods builds the held-out list first: the balanced list's error comes before a
+    run folder exists (it used to come after all the training)."""
+    import labkit.experiments as ex
+    from labkit.env.balanced import balanced_tasks
+
+    def unfillable(*a, **k):  # the real balancing, over a stream of 30 tasks of 3 templates
+        from types import SimpleNamespace
+
+        def load(m):
+            return [SimpleNamespace(meta={"template": f"tpl{i % 3}"}) for i in range(min(m, 30))]
+        return balanced_tasks(10, 2, load)
+
+    monkeypatch.setattr(ex, "held_out_tasks", unfillable)
+    exp = ex.ExperimentConfig(seeds=(0,), steps=1, paired_tasks=10, run_root=str(tmp_path / "runs"))
+    with pytest.raises(ValueError, match="only 6 tasks with at most 2 per template"):
+        ex.run_methods("learning", {"grpo": lambda: None}, exp)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_paired_difference_golden_and_bootstrap():
     from labkit.experiments.paired import paired_difference
 

@@ -189,6 +189,8 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     trains the identical configuration: a finished run of it is reused instead of trained
     again (the config, run folder aside, must match exactly)."""
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
+    if exp.paired_tasks:
+        paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
     for method, make in methods.items():
         per_seed = []
@@ -239,6 +241,15 @@ def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
                        "temperature": 0.7, "per_template": exp.paired_per_template}}
 
 
+def paired_list(exp: ExperimentConfig) -> list:
+    """The ``exp.paired_tasks`` held-out tasks every run is compared on (of ``exp.split``, at
+    most ``exp.paired_per_template`` per template). :func:`run_methods` builds it before it
+    trains anything (the tasks are cached), so that a list the split cannot fill raises its
+    ``ValueError`` at once instead of after hours of training."""
+    return held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk,
+                          exp.paired_per_template)
+
+
 def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None = None) -> dict:
     """Paired evaluation of every run of ``results`` (start vs final checkpoint, the same
     ``exp.paired_tasks`` held-out tasks and sampling seed); each method gets its
@@ -248,8 +259,7 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     what carried over to ``split``). Returns the raw paired evaluation of ``split`` (also
     stored under ``results["paired"]``)."""
     methods = methods or list(results["methods"])
-    tasks = held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk,
-                           exp.paired_per_template)
+    tasks = paired_list(exp)
     pe = _add_paired_on(results, exp, methods, tasks, "paired")
     if exp.train_split != "train":
         # The leak pool that defines the held-out splits holds training-split references only;

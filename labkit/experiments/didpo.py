@@ -45,6 +45,11 @@ class Config(ExperimentConfig):
     multi_hunk: bool = True
     """Only tasks whose bugs are separately tested hunks (a partial repair earns partial
     reward)."""
+    paired_per_template: int | None = 16
+    """At most 16 held-out tasks of any one template (the single-bug experiments: 12).
+    Two-bug multi-hunk tasks come from the 22 ``test`` templates at very different rates
+    (task seed 0, 3,200 problems: 1,033 tasks, 595 of one template, 10 templates with 1-10):
+    a cap of 12 fills only 179 of the 200 tasks, 16 fills 204."""
     steps: int = 20
     """Policy updates per run."""
     fork_steps: int = 0
