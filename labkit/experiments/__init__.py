@@ -578,8 +578,10 @@ def shared_plotly_js(folder: Path) -> str | None:
 def write_figure_html(fig, html: Path) -> Path:
     """Write ``fig`` as a full HTML page at ``html``. The page loads plotly.js from the nearest
     copy of the installed version found by :func:`shared_plotly_js` (``plotly.min.js``
-    beside the page, or e.g. ``../../plotly.min.js``); when there is none, one copy is
-    written beside the page, where every later figure of that folder shares it."""
+    beside the page, or e.g. ``../../plotly.min.js``); when there is none, plotly's
+    ``include_plotlyjs="directory"`` writes one beside the page, which every later figure of
+    that folder shares. That mode keeps a ``plotly.min.js`` already beside the page whatever
+    its version, so a stale copy there must be deleted by hand."""
     shared = shared_plotly_js(html.parent)
     fig.write_html(str(html), include_plotlyjs=shared or "directory", full_html=True)
     return html
