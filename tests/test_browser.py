@@ -304,11 +304,14 @@ def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
     first = outlined()
     assert first and all(first), "anchor 0's members show no outlined span"
     view.locator(".labkit-anchor-picker select").select_option(index=1)
+    # the members' views update one by one (each is its own widget model): wait until every
+    # member shows the new anchor, not only until the first one changed
     page.wait_for_function(
         """(old) => { const v = document.querySelector('.labkit-anchorview');
             const now = [...v.querySelectorAll('.labkit-anchor-member')].map(m =>
                 [...m.querySelectorAll('.labkit-outline')].map(e => e.textContent).join(''));
-            return JSON.stringify(now) !== JSON.stringify(old); }""", arg=first,
+            return now.length > 0 && now.every(t => t) &&
+                JSON.stringify(now) !== JSON.stringify(old); }""", arg=first,
         timeout=30_000)
     second = outlined()
     assert second and all(second) and second != first
