@@ -235,14 +235,15 @@ def test_figures_in_a_subfolder_load_the_projects_shared_plotly_copy(tmp_path):
 def test_a_paired_list_that_cannot_be_filled_fails_before_any_training(tmp_path, monkeypatch):
     """run_methods builds the held-out list first: the balanced list's error comes before a
     run folder exists (it used to come after all the training)."""
+    from types import SimpleNamespace
+
     import labkit.experiments as ex
     from labkit.env.balanced import balanced_tasks
 
-    def unfillable(*a, **k):  # the real balancing, over a stream of 30 tasks of 3 templates
-        from types import SimpleNamespace
+    def load(m):  # a stream of at most 30 tasks of 3 templates
+        return [SimpleNamespace(meta={"template": f"tpl{i % 3}"}) for i in range(min(m, 30))]
 
-        def load(m):
-            return [SimpleNamespace(meta={"template": f"tpl{i % 3}"}) for i in range(min(m, 30))]
+    def unfillable(*a, **k):  # the real balancing over that stream
         return balanced_tasks(10, 2, load)
 
     monkeypatch.setattr(ex, "held_out_tasks", unfillable)
