@@ -22,7 +22,7 @@ import pytest
 
 from labkit.env import hackscan
 from labkit.env.records import AssertTest, Candidate, IOCase, Status, TestSuite
-from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many
+from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many, schedule
 
 IS_ROOT = os.geteuid() == 0
 ADD = "def add(a, b):\n    return a + b\n"
@@ -218,6 +218,29 @@ def test_run_many_returns_results_in_input_order(sandbox):
     cands[5] = Candidate(code, suite(IOCase((5, 0.0), -1)), "f")
     results = sandbox.run_many(cands)
     assert [r.status for r in results] == [Status.FAILED if i == 5 else Status.PASSED for i in range(12)]
+
+
+def test_schedule_sends_while_loops_first_and_keeps_input_order_otherwise():
+    loop = "def f(x):\n    while x > 0:\n        x -= 1\n    return x\n"
+    plain = "def f(x):\n    return x  # awhile, meanwhile: not loops\n"
+    cands = [Candidate(loop if i in (2, 3, 6) else plain, suite(IOCase((0,), 0)), "f")
+             for i in range(8)]
+    assert schedule(cands, range(8)) == [2, 3, 6, 0, 1, 4, 5, 7]
+    assert schedule(cands, [1, 6, 0, 3]) == [6, 3, 1, 0]  # only the indices given
+    assert schedule(cands, []) == []
+    assert schedule([cands[0]] * 3, range(3)) == [0, 1, 2]
+
+
+def test_results_come_back_in_input_order_when_loops_are_sent_first(sandbox):
+    loop = "def f(x):\n    n = 0\n    while n < x:\n        n += 1\n    return n * 10\n"
+    plain = "def f(x):\n    return x * 10\n"
+    cands = [Candidate(loop if i % 3 == 1 else plain, suite(IOCase((i,), 10 * i if i != 7 else -1)),
+                       "f", id=str(i)) for i in range(10)]
+    assert schedule(cands, range(10))[:3] == [1, 4, 7]  # the order really changes
+    results = sandbox.run_many(cands)
+    assert [r.status for r in results] == [Status.FAILED if i == 7 else Status.PASSED
+                                           for i in range(10)]
+    assert "70" in results[7].outcomes[0].detail  # its own output, 10 * 7
 
 
 def test_fail_fast_stops_at_the_first_failure():

@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import reprlib
 import selectors
 import signal
@@ -476,7 +477,7 @@ class _Batch:
                        for c, size in zip(candidates, sizes)]
         self.timeouts = [_timeout(c, self.config) for c in candidates]
         self.results: list[SandboxResult | None] = [None] * len(candidates)
-        self.pending = deque(i for i, size in enumerate(sizes) if size <= cap)
+        self.pending = deque(schedule(candidates, [i for i, size in enumerate(sizes) if size <= cap]))
         self.attempts = [0] * len(candidates)
         self.slots: dict[int, _SlotState] = {}
         self.selector = selectors.DefaultSelector()
@@ -610,6 +611,31 @@ class _Batch:
                 self.finish(running, _failure(self.candidates[running],
                                               self.sandbox._protections, status, error,
                                               max_code_bytes=self.config.max_code_bytes))
+
+
+_LOOP = re.compile(r"\bwhile\b")
+
+
+def schedule(candidates: Sequence[Candidate], indices: Sequence[int]) -> list[int]:
+    """The order a batch's checks go to the workers: candidates whose code has a ``while``
+    loop first, then the others, each in input order.
+
+    A batch ends when its last check ends, so the checks likely to run longest should start
+    first (longest-processing-time-first scheduling). Durations are not known before a check
+    runs; the checks that run to the per-test limit or the deadline are, almost always,
+    loops that do not end, and those are ``while`` loops (a ``for`` loop over a finite
+    iterable ends). Only the order changes: every check is the same function of its
+    candidate, and results come back in input order. On 6 real batches of the experiments'
+    step, replayed 8 times each in both orders, the feedback phase took 0.020 s [0.014, 0.025]
+    less this way (0.216 against 0.229 s), with the same components for every candidate; the
+    ``sandbox`` bench's every-test run ends with its longest check instead of after it
+    (docs/benchmarks.md, "Loops first").
+    """
+    looping = [i for i in indices if _LOOP.search(candidates[i].code)]
+    if not looping:
+        return list(indices)
+    first = set(looping)
+    return looping + [i for i in indices if i not in first]
 
 
 def _progress_bar(total: int):
@@ -932,4 +958,4 @@ def run_distinct(sandbox, candidates: Sequence[Candidate]) -> list[SandboxResult
 
 
 __all__ = ["COMPARE_MODES", "Sandbox", "SandboxConfig", "WorkerError", "default_hide_paths",
-           "default_sandbox", "grade", "run_distinct", "run_many"]
+           "default_sandbox", "grade", "run_distinct", "run_many", "schedule"]
