@@ -631,11 +631,7 @@ def schedule(candidates: Sequence[Candidate], indices: Sequence[int]) -> list[in
     ``sandbox`` bench's every-test run ends with its longest check instead of after it
     (docs/benchmarks.md, "Loops first").
     """
-    looping = [i for i in indices if _LOOP.search(candidates[i].code)]
-    if not looping:
-        return list(indices)
-    first = set(looping)
-    return looping + [i for i in indices if i not in first]
+    return sorted(indices, key=lambda i: _LOOP.search(candidates[i].code) is None)  # stable
 
 
 def _progress_bar(total: int):
