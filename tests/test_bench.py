@@ -51,3 +51,37 @@ def test_fork_bench_runs_and_reports_its_bound():
     assert out["forks"] > 0 and out["generated_tokens"] > 0
     assert 0 < out["recomputed_positions_ratio"] < 1
     assert 0 < out["decode_bound_ratio"] and out["reuse_decode_s"] > 0
+
+
+def test_dense_share_golden():
+    from labkit.bench.step import dense_share
+
+    self_us = {"aten::mm": 30.0, "aten::bmm": 10.0, "aten::mul": 40.0, "aten::copy_": 20.0,
+               "aten::_fused_adamw_": 0.0}
+    assert dense_share(self_us) == pytest.approx(0.4)
+    # naive second computation: the dense names spelled out
+    dense = self_us["aten::mm"] + self_us["aten::bmm"] + self_us["aten::_fused_adamw_"]
+    assert dense_share(self_us) == pytest.approx(dense / sum(self_us.values()))
+    with pytest.raises(ValueError, match="no CPU time"):
+        dense_share({})
+
+
+@pytest.mark.slow
+def test_step_bench_dense_share_reports_a_bound_and_trains_as_without_it():
+    def run(*extra):
+        p = subprocess.run([sys.executable, "-m", "labkit.bench", "step", "--steps", "3", "--tasks",
+                            "1", "--group", "2", *extra], capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    plain, dense = run(), run("--dense-share")
+    assert "dense_bound_s" not in plain
+    assert set(dense["dense_share"]) == {"sample", "update"}
+    assert all(0 < v < 1 for v in dense["dense_share"].values())
+    assert 0 < dense["dense_bound_s"] < dense["step_s"]
+    assert dense["dense_bound_ratio"] == pytest.approx(dense["dense_bound_s"] / dense["floor_s"],
+                                                       rel=0.02)
+    # the profiled update is undone: the run trains and samples as a run without the flag
+    assert dense["weights_digest"] == plain["weights_digest"]
+    assert dense["completion_tokens"] == plain["completion_tokens"]
+    assert dense["decode_positions_incl_padding"] == plain["decode_positions_incl_padding"]

@@ -28,15 +28,30 @@ no FLOP floor and counts in the step, not in the floor.
 
 Last line one JSON object: ``step_s``, ``floor_s``, ``ratio`` (step / floor; target <= 2.5),
 ``phases`` (seconds), ``flops``, ``matmul_gflops`` (the better of
-``matmul_gflops_before_after``), token counts.
+``matmul_gflops_before_after``), token counts, ``weights_digest`` (of the trained weights).
+
+With ``--dense-share`` each measured step's sampling and update run a second time under
+torch's profiler (sampling as one chunk at a time on one thread, as each decode thread runs
+its chunks, since the profiler does not see the decode threads; the update from the same
+weights and optimiser state, which are put back after it, so the run trains as without the
+flag). Their self times split each phase into dense kernels (:data:`DENSE_OPS`: matrix
+products, the fused attention and its backward, the fused optimiser) and everything else,
+and the JSON adds ``dense_share`` (per phase) and ``dense_bound_s`` / ``dense_bound_ratio``:
+the step if every other operation were free (sampling and update scaled by their dense
+shares, the sandbox and reward as measured). A bound for what fusing the element-wise work
+could give; the profiler's per-operation cost inflates "everything else" a little, so the
+true dense share is somewhat higher. The profiled reruns are not counted in ``step_s``.
 
     python -m labkit.bench step [--steps 3] [--tasks 16] [--group 8] [--sampler inverse_cdf]
+                                [--dense-share]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import hashlib
 import json
 import statistics
 import tempfile
@@ -81,6 +96,72 @@ def forward_flops(cfg, tokens: int, context: float, logits_tokens: int) -> float
     return tokens * (2 * L * block + 4 * L * d * context) + logits_tokens * 2 * d * V
 
 
+DENSE_OPS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_fused_adamw_", "aten::_fused_adam_"})
+"""Operations that stay when every element-wise operation around them is fused away."""
+
+
+def dense_share(self_us: dict[str, float]) -> float:
+    """``sum(self time of DENSE_OPS) / sum(self time of all operations)``, from a profile's
+    self times per operation name (a phase's share of dense kernels)."""
+    total = sum(self_us.values())
+    if total <= 0:
+        raise ValueError("dense_share: the profile holds no CPU time (nothing was recorded)")
+    return sum(t for name, t in self_us.items() if name in DENSE_OPS) / total
+
+
+def _profile_reruns(trainer) -> dict[str, list[dict]]:
+    """Wrap ``trainer``'s sampling and update so that, from the second call on, each runs once
+    more under torch's profiler (see the module docstring). Returns the records the wrappers
+    fill: per call ``{"share": ..., "extra_s": ...}``, ``extra_s`` the rerun's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rec: dict[str, list[dict]] = {"sample": [], "update": []}
+    calls = {"sample": 0, "update": 0}
+    forks_sample, train_update = trainer.forks.sample, trainer._update
+
+    def profiled(name, fn, *args):
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(*args)
+        self_us: dict[str, float] = {}
+        for e in prof.key_averages():
+            self_us[e.key] = self_us.get(e.key, 0.0) + e.self_cpu_time_total
+        rec[name].append({"share": dense_share(self_us), "extra_s": time.perf_counter() - t0})
+
+    def sample(policy, tasks, cfg):
+        out = forks_sample(policy, tasks, cfg)
+        calls["sample"] += 1
+        if calls["sample"] > 1:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                profiled("sample", forks_sample, policy, tasks,
+                         dataclasses.replace(cfg, parallel_chunks=1))
+            finally:
+                torch.set_num_threads(threads)
+        return out
+
+    def update(*args):
+        calls["update"] += 1
+        if calls["update"] > 1:  # first the profiled rerun, then the counted update from the
+            t0 = time.perf_counter()  # same weights and optimiser state
+            model, opt = trainer.train_model, trainer.opt
+            weights = copy.deepcopy(model.state_dict())
+            opt_state = copy.deepcopy(opt.state_dict())
+            profiled("update", train_update, *args)
+            model.load_state_dict(weights)
+            opt.load_state_dict(opt_state)
+            rec["update"][-1]["extra_s"] = time.perf_counter() - t0
+        return train_update(*args)
+
+    trainer.forks.sample, trainer._update = sample, update
+    return rec
+
+
 def _sig(x: float, digits: int = 4) -> float:
     """``x`` rounded to ``digits`` significant figures (keeps small floors readable)."""
     return float(f"{x:.{digits}g}")
@@ -111,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=None,
                    help="the training sampler's temperature (default: the experiments', 1.6 since "
                         "2026-12-03; the figures recorded before ran at 1.0)")
+    p.add_argument("--dense-share", action="store_true",
+                   help="profile each measured step's sampling and update once more and report "
+                        "the step if only dense kernels cost (dense_bound_s, dense_bound_ratio)")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be >= 2 (the first step is a warm-up)")
@@ -144,15 +228,24 @@ def main(argv: list[str] | None = None) -> int:
     mcfg = policy.model.config
     gflops_before = peak_gflops(mcfg)
     batches: list[list] = []
+    reruns = _profile_reruns(trainer) if a.dense_share else None
     trainer.events.on("on_rollout", lambda trainer, step, rollouts: batches.append(list(rollouts)))
     t0 = time.time()
     rows = trainer.train(progress=False)
     wall = time.time() - t0
     trainer.close()
+    digest = hashlib.sha256()  # the trained weights: runs that train alike end alike
+    for name, t in sorted(policy.model.state_dict().items()):
+        digest.update(name.encode() + t.detach().cpu().contiguous().numpy().tobytes())
 
     measured = list(zip(rows, batches))[1:]
     phases: dict[str, list[float]] = {}
     flops, kept, decoded_rows, prompt_tok, distinct = [], [], [], [], []
+    if reruns is not None:  # the profiled reruns are not part of the step
+        measured = [({**row, "time/step": row["time/step"] - s["extra_s"] - u["extra_s"],
+                      "time/generate": row["time/generate"] - s["extra_s"],
+                      "time/update": row["time/update"] - u["extra_s"]}, rollouts)
+                    for (row, rollouts), s, u in zip(measured, reruns["sample"], reruns["update"])]
     for row, rollouts in measured:
         # prefill alone, on this step's distinct prompts
         prompts = list(dict.fromkeys(r.prompt for r in rollouts))
@@ -207,7 +300,15 @@ def main(argv: list[str] | None = None) -> int:
            "parallel_chunks": cfg.sampling.parallel_chunks, "sampler": cfg.sampling.sampler,
            "temperature": cfg.sampling.temperature,
            "measured_steps": len(measured),
-           "threads": torch.get_num_threads(), "wall_s": round(wall, 1)}
+           "threads": torch.get_num_threads(), "wall_s": round(wall, 1),
+           "weights_digest": digest.hexdigest()[:16]}
+    if reruns is not None:
+        share = {k: statistics.fmean(r["share"] for r in v) for k, v in reruns.items()}
+        bound = statistics.fmean(
+            r["time/generate"] * share["sample"] + r["time/execute"] + r["time/reward"]
+            + r["time/update"] * share["update"] for r, _ in measured)
+        out.update({"dense_share": {k: round(v, 3) for k, v in share.items()},
+                    "dense_bound_s": _sig(bound), "dense_bound_ratio": round(bound / floor_s, 2)})
     print(f"one step at {out['batch']} ({len(measured)} measured): {step_s:.2f} s; floor "
           f"{out['floor_s']} s ({out['flops'] / 1e9:.1f} GFLOP at {gflops:.1f} GFLOP/s, the better of "
           f"{gflops_before:.1f} before and {gflops_after:.1f} after the steps): ratio "
@@ -216,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<18} {v:7.3f} s")
     print(f"  completion tokens kept {out['completion_tokens']}, decode positions incl. "
           f"padding {out['decode_positions_incl_padding']}, prompt tokens {out['prompt_tokens']}")
+    if reruns is not None:
+        print(f"  dense kernels: {out['dense_share']['sample']:.0%} of sampling, "
+              f"{out['dense_share']['update']:.0%} of the update; with every other operation "
+              f"free the step would take {out['dense_bound_s']} s, ratio "
+              f"{out['dense_bound_ratio']}")
     print(json.dumps(out))
     return 0
 
