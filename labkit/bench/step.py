@@ -63,7 +63,7 @@ from labkit.env.tasks import load_tasks
 from labkit.experiments import ExperimentConfig, base_train_config
 from labkit.loops.trainer import Trainer
 from labkit.policy.loading import load_policy
-from labkit.policy.rollout import SAMPLERS
+from labkit.policy.rollout import SAMPLERS, intra_op_threads
 
 
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 7, inner: int = 20) -> float:
@@ -116,33 +116,28 @@ def dense_share(self_us: dict[str, float]) -> float:
 def _profile_reruns(trainer) -> dict[str, list[dict]]:
     """Wrap ``trainer``'s sampling and update so that, from the second call on, each runs once
     more under torch's profiler (see the module docstring). Returns the records the wrappers
-    fill: per call ``{"share": ..., "extra_s": ...}``, ``extra_s`` the rerun's wall time."""
+    fill: per call ``{"share": ..., "extra_s": ...}``, ``extra_s`` the wall time the rerun adds
+    (for the update with saving and restoring the weights and optimiser state)."""
     from torch.profiler import ProfilerActivity, profile
 
     rec: dict[str, list[dict]] = {"sample": [], "update": []}
     calls = {"sample": 0, "update": 0}
     forks_sample, train_update = trainer.forks.sample, trainer._update
 
-    def profiled(name, fn, *args):
-        t0 = time.perf_counter()
+    def dense_share_of(fn, *args) -> float:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn(*args)
-        self_us: dict[str, float] = {}
-        for e in prof.key_averages():
-            self_us[e.key] = self_us.get(e.key, 0.0) + e.self_cpu_time_total
-        rec[name].append({"share": dense_share(self_us), "extra_s": time.perf_counter() - t0})
+        return dense_share({e.key: e.self_cpu_time_total for e in prof.key_averages()})
 
     def sample(policy, tasks, cfg):
         out = forks_sample(policy, tasks, cfg)
         calls["sample"] += 1
         if calls["sample"] > 1:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                profiled("sample", forks_sample, policy, tasks,
-                         dataclasses.replace(cfg, parallel_chunks=1))
-            finally:
-                torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            with intra_op_threads(1):
+                share = dense_share_of(forks_sample, policy, tasks,
+                                       dataclasses.replace(cfg, parallel_chunks=1))
+            rec["sample"].append({"share": share, "extra_s": time.perf_counter() - t0})
         return out
 
     def update(*args):
@@ -152,10 +147,10 @@ def _profile_reruns(trainer) -> dict[str, list[dict]]:
             model, opt = trainer.train_model, trainer.opt
             weights = copy.deepcopy(model.state_dict())
             opt_state = copy.deepcopy(opt.state_dict())
-            profiled("update", train_update, *args)
+            share = dense_share_of(train_update, *args)
             model.load_state_dict(weights)
             opt.load_state_dict(opt_state)
-            rec["update"][-1]["extra_s"] = time.perf_counter() - t0
+            rec["update"].append({"share": share, "extra_s": time.perf_counter() - t0})
         return train_update(*args)
 
     trainer.forks.sample, trainer._update = sample, update
