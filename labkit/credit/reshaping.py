@@ -188,6 +188,18 @@ def test_term(components: Mapping[str, float], cfg: "ReshapeConfig") -> float:
     return components["r_test"]
 
 
+def check_regime(cfg: ReshapeConfig, mode: str) -> None:
+    """Refuse a test term that reads what the feedback regime ``mode`` hides: under any regime
+    but ``dense``, ``r_t`` must be ``r_feedback`` (``test_reward="feedback"``), since
+    ``fraction`` and ``binary`` read the hidden tests (docs/feedback.md, "What each part of
+    the reward reads")."""
+    if cfg.test_reward != "feedback" and mode != "dense":
+        raise ValueError(
+            f"reshape.test_reward={cfg.test_reward!r} reads the hidden tests, which feedback mode "
+            f"{mode!r} hides from the learner; use reshape.test_reward=feedback (what the regime "
+            "tells), or feedback.mode=dense")
+
+
 def precision_gate(components: Mapping[str, float], buggy_r_test: float | None,
                    mode: str, r_t: float | None = None) -> float:
     """``g`` in {0, 1}: whether ``r_precision`` is paid (see :class:`ReshapeConfig`)."""

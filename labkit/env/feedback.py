@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import functools
 import io
 import json
@@ -201,9 +202,9 @@ def r_feedback(result: SandboxResult, mode: str = "dense", *,
     if mode == "noisy":
         if not total:
             return 0.0
-        rng = rng or random.Random(0)
         passed = list(outcomes) + [False] * (total - len(outcomes))  # uncollected tests failed
-        return sum(ok != (rng.random() < noise_p) for ok in passed) / total
+        flips = noise_flips(rng or random.Random(0), total, noise_p)
+        return sum(ok != e for ok, e in zip(passed, flips)) / total
     if mode == "public":
         if isinstance(public, SandboxResult):
             return r_test(public)
@@ -213,6 +214,22 @@ def r_feedback(result: SandboxResult, mode: str = "dense", *,
         by_name = {o.name: o.ok for o in result.outcomes}
         return sum(by_name.get(n, False) for n in names) / len(names)
     raise ValueError(f"unknown feedback mode {mode!r}; choose one of {list(FEEDBACK_MODES)}")
+
+
+def noise_flips(rng: random.Random, n: int, p: float) -> list[bool]:
+    """The ``noisy`` regime's flips ``e_j ~ Bernoulli(p)`` for ``n`` test outcomes, drawn from
+    ``rng`` in test order (one draw per test)."""
+    return [rng.random() < p for _ in range(n)]
+
+
+def told_pass(components: Mapping[str, float]) -> bool:
+    """Whether the feedback regime *told* the learner that every test passed:
+    ``r_feedback = 1`` (every hidden test under ``dense``, ``binary`` and ``coarse``, every
+    visible example under ``public``, every flipped outcome under ``noisy``). What reads a
+    pass to pay or steer training (the progress bonus, the curriculum) reads this, never the
+    hidden ``r_pass``, so that a regime reveals nothing beyond its own observation
+    (docs/feedback.md, "What each part of the reward reads")."""
+    return components["r_feedback"] >= 1.0 - 1e-9
 
 
 def r_feedback_of_record(record: Mapping, config: FeedbackConfig, seed: int = 0) -> float:
@@ -658,7 +675,8 @@ def evaluate_many(
     the two overlap; on 2 cores both keep the CPU busy and the overlap gains little.
 
     ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
-    ``progress`` (optional) is updated in input order and pays ``r_progress``. ``seed`` seeds
+    ``progress`` (optional) is updated in input order with what the regime told
+    (:func:`told_pass`) and pays ``r_progress``. ``seed`` seeds
     the ``noisy`` regime's flips (candidate ``i`` draws from ``Random((seed, i))``).
     """
     if len(tasks) != len(codes):
@@ -701,10 +719,12 @@ def evaluate_many(
             r_compile=r_compile(code, result),
             r_precision=precision[i],
             r_style=styles[i].score,
-            r_progress=progress.update(task.bug_kinds, result.ok) if progress else 0.0,
             hack=1.0 if flags else 0.0,
             noop=1.0 if noop[i] else 0.0,
         )
+        if progress is not None:  # pays on what the regime told, not on the hidden outcome
+            comps = dataclasses.replace(comps, r_progress=progress.update(task.bug_kinds,
+                                                                          told_pass(comps)))
         out.append(Feedback(task.task_id, comps, result, styles[i], flags))
     return out
 

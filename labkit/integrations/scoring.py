@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from labkit.credit.reshaping import ReshapeConfig, Reshaper, recipe, test_term
+from labkit.credit.reshaping import ReshapeConfig, Reshaper, check_regime, recipe, test_term
 from labkit.env.feedback import FeedbackConfig, evaluate_many
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import default_sandbox
@@ -30,6 +30,7 @@ class SandboxScorer:
         self.feedback.validate()
         self.reshape = recipe_name if isinstance(recipe_name, ReshapeConfig) else recipe(recipe_name)
         self.reshape.validate()
+        check_regime(self.reshape, self.feedback.mode)
         self.sandbox = sandbox if sandbox is not None else default_sandbox()
         self._tasks: dict[str, RepairTask] = {}
         self._buggy: dict[str, float] = {}

@@ -39,9 +39,9 @@ from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compu
 from labkit.credit.anchors import anchor_records
 from labkit.credit.fork_credit import needs_forks
 from labkit.credit.losses import POLICY_LOSSES, LossConfig, agg_loss, kl_penalty
-from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, test_term,
-                                     transform_advantages)
-from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many
+from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, check_regime,
+                                     test_term, transform_advantages)
+from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many, told_pass
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import Sandbox, SandboxConfig
 from labkit.env.tasks import load_tasks
@@ -192,6 +192,7 @@ class TrainConfig:
         if self.loss.horizon is not None and self.loss.horizon < 1:
             raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
                              f"got {self.loss.horizon}")
+        check_regime(self.reshape, self.feedback.mode)
         t = self.tasks
         if t.train_split not in ("train", "val"):
             raise ValueError(f"tasks.train_split must be 'train' or 'val', got {t.train_split!r}")
@@ -425,7 +426,7 @@ class Trainer:
         self.reshaper.advance()
         if self.curriculum is not None:
             for t, f in zip(task_of, fb):
-                self.curriculum.update(",".join(t.bug_kinds), f.components["r_pass"])
+                self.curriculum.update(",".join(t.bug_kinds), float(told_pass(f.components)))
 
         # -- metrics ----------------------------------------------------------------------
         self.step += 1
