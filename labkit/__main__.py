@@ -331,6 +331,7 @@ def cmd_mucode(args) -> int:
 def cmd_experiment(args) -> int:
     from labkit import experiments
     from labkit.config import ConfigError, apply_overrides
+    from labkit.experiments.stats import verdict
 
     try:
         module = experiments.load(args.name)
@@ -345,9 +346,10 @@ def cmd_experiment(args) -> int:
     for prefix, res in groups.items():
         for m, r in res.get("methods", {}).items():
             if "delta" in r:
-                summary[f"{prefix}{m}_delta"] = round(r["delta"][0], 4)
+                summary[f"{prefix}{m}_delta"] = round(r["delta"]["mean"], 4)
             if r.get("paired_change"):
                 summary[f"{prefix}{m}_paired_change"] = round(r["paired_change"]["mean"], 4)
+                summary[f"{prefix}{m}_verdict"] = verdict(r["paired_change"])
     _emit({"experiment": args.name, "report": str(md), **summary})
     return 0
 

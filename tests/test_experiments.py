@@ -9,23 +9,7 @@ import sys
 
 import pytest
 
-from labkit.experiments import load, mean_ci95
-
-
-def test_mean_ci95_golden():
-    m, h = mean_ci95([0.5, 0.6, 0.7])
-    assert m == pytest.approx(0.6)
-    # t(0.975, df=2) = 4.303; stdev = 0.1; half-width = 4.303 * 0.1 / sqrt(3)
-    assert h == pytest.approx(4.303 * 0.1 / math.sqrt(3))
-    assert mean_ci95([0.4]) == (0.4, None)  # one seed: no interval
-
-
-def test_one_seed_rows_print_no_interval():
-    from labkit.experiments import format_interval
-
-    assert format_interval(0.012, None, signed=True) == "+0.012 ± n/a"
-    assert format_interval(0.5, 0.02) == "0.500 ± 0.020"
-    assert format_interval(0.123, None, digits=1, scale=100) == "12.3 ± n/a"
+from labkit.experiments import load
 
 
 def test_unknown_experiment_is_named():
@@ -298,11 +282,17 @@ def test_add_paired_reads_cached_evaluations_and_intervals_are_over_seeds(tmp_pa
     assert diff["per_seed"] == {"0": pytest.approx(1 / 12), "1": pytest.approx(1 / 12)}
     assert diff["ci95"] == pytest.approx([1 / 12, 1 / 12]) and diff["shown"] is True
 def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
-    """One seed, one step, paired evaluation on 2 tasks: the results file has the setting,
-    the seeds and a paired change whose interval is over seeds (none for one seed)."""
-    sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
-            "eval_k=1", "train_problems=6", "paired_tasks=2", "paired_k=1", "paired_start_k=2",
-            f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
+    """Two seeds, one step, paired evaluation on 3 tasks: the results file has the setting,
+    the command that reruns it, the code commit and, per seed, the start evaluated at that
+    seed's own sampling seed; pass@k at the training temperature sits beside pass@1; the page
+    is its JSON rendered."""
+    from labkit.experiments import learning, pages
+    from labkit.experiments.config import command
+    from labkit.config import from_dict
+
+    sets = ["seeds=[0,1]", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1",
+            "eval_tasks=2", "eval_k=1", "train_problems=6", "paired_tasks=3", "paired_k=2",
+            "paired_pass_k=2", "train_split=train", f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "learning"] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -311,14 +301,18 @@ def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     from labkit.policy.loading import weights_fingerprint
     sha = weights_fingerprint("tiny")
     assert res["setting"]["model_sha256"] == sha  # which model the numbers belong to
-    assert res["seeds"] == [0]
+    assert res["seeds"] == [0, 1] and res["code_commit"]
+    exp = from_dict(learning.Config, res["config"])
+    assert res["command"] == command("learning", exp) and "--set 'seeds=[0,1]'" in res["command"]
     change = res["methods"]["grpo"]["paired_change"]
-    assert change["over"] == "seeds" and change["ci95"] is None and change["tasks"] == 2
-    seed = res["methods"]["grpo"]["seeds"][0]
-    assert change["per_seed"]["0"] == pytest.approx(seed["paired"]["end_pass_at_1"]
-                                                   - res["paired"]["start_pass_at_1"])
+    assert change["over"] == "seeds" and change["tasks"] == 3 and change["seeds"] == 2
+    for seed in ("0", "1"):  # each seed's change is its end minus its own start
+        start = res["paired"]["start"]["pass_at_1"][seed]
+        assert change["per_seed"][seed] == pytest.approx(res["methods"]["grpo"]["paired_end"][seed] - start)
+    assert "mde" in change and "paired_pass_k_change" in res["methods"]["grpo"]
     md = (tmp_path / "learning.md").read_text()
-    assert "one seed: no interval" in md and "Paired held-out change" in md and sha in md
+    assert md == pages.rerender(tmp_path / "learning.json")
+    assert res["command"] in md and sha in md and "pass@2" in md
 
 
 def test_experiment_reshaping_runs_every_regime(tmp_path):

@@ -60,7 +60,7 @@ import time
 import torch
 
 from labkit.env.tasks import load_tasks
-from labkit.experiments import ExperimentConfig, base_train_config
+from labkit.experiments.config import ExperimentConfig, base_train_config
 from labkit.loops.trainer import Trainer
 from labkit.policy.loading import load_policy
 from labkit.policy.rollout import SAMPLERS, intra_op_threads

@@ -41,7 +41,8 @@ from labkit.credit.ground_truth import hunk_effects, pass_fraction
 from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
-from labkit.experiments import RESULTS, write_figure_html, write_markdown
+from labkit.experiments.config import RESULTS
+from labkit.experiments.pages import write_figure_html
 from labkit.loops.forks import measure_forks
 from labkit.loops.metrics import average_ranks
 from labkit.policy import forking as fk
@@ -463,7 +464,7 @@ def write_report(results: dict, cfg: Config) -> Path:
               (f", ![agreement by estimator]({png.name})" if png else
                f" (PNG export failed: {err})"), ""]
     md = out / "credit.md"
-    write_markdown(md, "\n".join(lines))
+    md.write_text("\n".join(lines) + "\n")
     return md
 
 

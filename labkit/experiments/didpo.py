@@ -18,8 +18,9 @@ from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
 from labkit.experiments import stats
-from labkit.experiments import (ExperimentConfig, RESULTS, add_paired, base_train_config, mean_ci95,
-                                run_methods, write_report)
+from labkit.experiments.config import RESULTS, ExperimentConfig, base_train_config
+from labkit.experiments.paired import add_paired
+from labkit.experiments.runs import run_methods
 from labkit.loops.trainer import Trainer
 
 

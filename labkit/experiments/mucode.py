@@ -42,7 +42,8 @@ from labkit.config import to_record
 from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
-from labkit.experiments import RESULTS, save_figure, write_markdown
+from labkit.experiments.config import RESULTS
+from labkit.experiments.pages import save_figure
 from labkit.experiments import stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -407,7 +408,7 @@ def run(cfg: Config) -> Path:
     (out / "mucode.json").write_text(dumps(results))
     html, png = _figure(results, out)
     md = out / "mucode.md"
-    write_markdown(md, _markdown(results, cfg, html, png))
+    md.write_text(_markdown(results, cfg, html, png).rstrip("\n") + "\n")
     return md
 
 

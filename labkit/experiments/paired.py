@@ -1,42 +1,73 @@
-"""Paired held-out evaluation: the starting policy and each run's final checkpoint on the
-same tasks, with the same sampling seed, so that a change in pass@1 is measured task by
-task instead of as the difference of two noisy means.
+"""Paired held-out evaluation: the start policy and each run's final checkpoint on the same
+tasks with the same sampling seed, so that a change in pass@1 is measured task by task
+instead of as the difference of two noisy means.
 
-``python -m labkit paired RUN_DIR [RUN_DIR ...] --tasks 400 --k 4`` prints, per run, the
-mean per-task change ``d = mean_i (c_i^end - c_i^start) / k`` with a 95% bootstrap interval
-over tasks, and writes the per-task counts as JSON (``--out``).
+Protocol (:class:`Protocol`): for training seed ``s`` the evaluation sampling seed is
+``e_s = derive_seed(eval_seed, "paired", s)``; the start policy and every run of seed ``s``
+are evaluated at ``e_s``: ``k`` samples per task at ``temperature`` (pass@1, their mean pass
+rate) and, when ``pass_k > 0``, ``pass_k`` samples per task at the training temperature
+(pass@k, and pass@1 at that temperature). A seed's change ``d_{s,i} = end_{s,i} - start_{s,i}``
+then holds the start's sampling noise of that seed, so the interval over seeds covers it.
+
+Every evaluation is cached in a JSON file named after what it evaluated (the policy's
+weights or checkpoint, the tasks, the protocol and the seed), so a report can be rebuilt
+without evaluating again and an interrupted experiment repeats nothing it finished.
+
+``python -m labkit paired RUN_DIR [RUN_DIR ...] --tasks 400 --k 4`` prints, per run, its
+paired change with a bootstrap interval over tasks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import random
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+
 from labkit.config import from_dict
 from labkit.env.balanced import balanced_synthetic
+from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
-from labkit.env.tasks import load_tasks
+from labkit.env.tasks import load_tasks, synthetic_problems
+from labkit.experiments import stats
+from labkit.experiments.config import ExperimentConfig
 from labkit.loops.trainer import TrainConfig, latest_checkpoint
 from labkit.policy.evaluate import EvalConfig, evaluate
-from labkit.policy.loading import load_policy
+from labkit.policy.loading import load_policy, weights_fingerprint
+from labkit.seeding import derive_seed
 
 
-def paired_difference(start: Sequence[float], end: Sequence[float], n_boot: int = 2000,
-                      seed: int = 0) -> dict:
-    """Mean of ``end_i - start_i`` over tasks and its 95% percentile-bootstrap interval
-    (tasks resampled with replacement, ``n_boot`` times, a fixed RNG)."""
-    if len(start) != len(end) or not start:
-        raise ValueError("start and end need the same, non-zero number of tasks")
-    d = [e - s for s, e in zip(start, end)]
-    rng = random.Random(seed)
-    n = len(d)
-    boots = sorted(statistics.fmean(d[rng.randrange(n)] for _ in range(n)) for _ in range(n_boot))
-    lo, hi = boots[int(0.025 * n_boot)], boots[int(0.975 * n_boot) - 1]
-    return {"mean": statistics.fmean(d), "ci95": [lo, hi], "tasks": n,
-            "improved": sum(x > 0 for x in d), "worsened": sum(x < 0 for x in d)}
+@dataclass(frozen=True)
+class Protocol:
+    """How the start and the end of every run are evaluated."""
+
+    k: int = 4
+    """Samples per task at ``temperature``: pass@1 is their mean pass rate."""
+    temperature: float = 0.7
+    """Sampling temperature of pass@1."""
+    pass_k: int = 8
+    """Samples per task at ``train_temperature`` for pass@k (0 = off)."""
+    train_temperature: float = 1.6
+    """The training sampler's temperature, at which pass@k is read."""
+    eval_seed: int = 4321
+    """Base of the per-training-seed evaluation seeds."""
+    parallel_chunks: int = 2
+    """Sampling chunks decoded at once (``EvalConfig.parallel_chunks``; part of the stream)."""
+    max_new_tokens: int = 320
+    """Longest completion."""
+
+    def seed_for(self, training_seed: int) -> int:
+        """``e_s``: the sampling seed of training seed ``s``'s start and end evaluations."""
+        return derive_seed(self.eval_seed, "paired", training_seed)
+
+    @classmethod
+    def of(cls, exp: ExperimentConfig) -> "Protocol":
+        return cls(k=exp.paired_k, temperature=exp.paired_temperature, pass_k=exp.paired_pass_k,
+                   train_temperature=exp.temperature, eval_seed=exp.paired_eval_seed,
+                   parallel_chunks=exp.parallel_chunks)
 
 
 def policy_at(run_dir: str | Path, step: int | None = None):
@@ -72,63 +103,185 @@ def held_out_tasks(n_tasks: int, split: str = "test", seed: int = 0, n_bugs: int
     return load_tasks("synthetic", split=split, n=n_tasks * per, seed=seed, **kinds)[:n_tasks]
 
 
-def cache_name(task_ids: Sequence[str]) -> str:
-    """File name of a run's cached paired evaluation on the tasks ``task_ids``."""
-    return "paired-" + hashlib.sha256("\n".join(task_ids).encode()).hexdigest()[:10] + ".json"
+def paired_list(exp: ExperimentConfig) -> list:
+    """The ``exp.paired_tasks`` held-out tasks every run is compared on (of ``exp.split``, at
+    most ``exp.paired_per_template`` per template). Experiments build it before they train
+    anything (the tasks are cached), so a list the split cannot fill fails at once."""
+    return held_out_tasks(exp.paired_tasks, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk,
+                          exp.paired_per_template)
 
 
-def paired_eval(run_dirs: Sequence[str | Path], tasks: Sequence | int = 400, k: int = 4,
-                seed: int = 0, eval_seed: int = 4321, start_k: int | None = None,
-                temperature: float = 0.7) -> dict:
-    """Evaluate the start policy (of the first run) and every run's final checkpoint on the
-    same ``tasks`` (a list, or a number of synthetic test tasks of ``seed``), ``k`` samples
-    each at ``temperature``, one sampling seed.
+def cache_name(kind: str, task_ids: Sequence[str], **key) -> str:
+    """File name of a cached evaluation of ``kind`` on ``task_ids`` under ``key``."""
+    text = json.dumps({"tasks": list(task_ids), **key}, sort_keys=True)
+    return f"paired-{kind}-" + hashlib.sha256(text.encode()).hexdigest()[:12] + ".json"
 
-    ``start_k`` (default ``k``): samples per task for the start policy. Every run is compared
-    with the same start measurement, so when several runs are pooled the start's sampling
-    noise dominates the interval; a larger ``start_k`` shrinks it (the per-task difference
-    of means stays unbiased).
 
-    Results are kept in ``<run>/paired-<h>.json``, ``h`` a hash of the task ids (the run's
-    per-task results, and the start's per ``start_k``), and reused when the tasks, ``k``,
-    temperature and seed match, so a report can be rebuilt without evaluating again and one
-    run can be compared on several task sets."""
-    start_k = start_k or k
-    if isinstance(tasks, int):
-        tasks = held_out_tasks(tasks, seed=seed)
-    key = {"tasks": len(tasks), "k": k, "eval_seed": eval_seed, "temperature": temperature,
-           "task_ids": [t.task_id for t in tasks]}
-    skey = "start_per_task" if start_k == k else f"start_per_task_k{start_k}"
-    name = cache_name(key["task_ids"])
-    cached = {}
-    for d in run_dirs:
-        try:
-            c = json.loads((Path(d) / name).read_text())
-        except (OSError, ValueError):
-            continue
-        if all(c.get(x, 0.7 if x == "temperature" else None) == v for x, v in key.items()):
-            cached[str(d)] = c
-    per = lambda rep: [p["pass_at_1"] for p in rep["per_task"]]  # noqa: E731
-    out = {**key, "start_k": start_k, "runs": {}}
-    with Sandbox() as sandbox:
-        start = next((c[skey] for c in cached.values() if skey in c), None)
-        if start is None:
-            start = per(evaluate(policy_at(run_dirs[0], 0), tasks,
-                                 EvalConfig(k=start_k, temperature=temperature, greedy=False,
-                                            seed=eval_seed), sandbox=sandbox))
-        out["start_per_task"] = start
-        out["start_pass_at_1"] = statistics.fmean(start)
-        ecfg = EvalConfig(k=k, temperature=temperature, greedy=False, seed=eval_seed)
-        for d in run_dirs:
-            c = cached.get(str(d), {**key})
-            if "end_per_task" not in c:
-                c["end_per_task"] = per(evaluate(policy_at(d), tasks, ecfg, sandbox=sandbox))
-            c[skey] = start
-            (Path(d) / name).write_text(json.dumps(c))
-            end = c["end_per_task"]
-            out["runs"][str(d)] = {"end_pass_at_1": statistics.fmean(end), "end_per_task": end,
-                                   **paired_difference(start, end)}
+def _correct(load, tasks: Sequence, k: int, temperature: float, seed: int, proto: Protocol,
+             path: Path, sandbox) -> list[int]:
+    """Per task, how many of ``k`` samples at ``temperature`` and ``seed`` pass every hidden
+    test; read from ``path`` when it holds this evaluation, else evaluated (``load()`` gives
+    the policy) and written there."""
+    try:
+        return json.loads(path.read_text())["correct"]
+    except (OSError, ValueError, KeyError):
+        pass
+    rep = evaluate(load(), tasks, EvalConfig(k=k, temperature=temperature, greedy=False, seed=seed,
+                                             max_new_tokens=proto.max_new_tokens,
+                                             parallel_chunks=proto.parallel_chunks), sandbox=sandbox)
+    correct = [p["correct"] for p in rep["per_task"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"k": k, "temperature": temperature, "seed": seed,
+                                "task_ids": [t.task_id for t in tasks], "correct": correct}))
+    return correct
+
+
+def _readings(load, tasks, proto: Protocol, seed: int, where: Path, ident: str, sandbox) -> dict:
+    """pass@1 at the protocol's temperature and, when asked, pass@k and pass@1 at the
+    training temperature, per task, for one policy and one sampling seed."""
+    ids = [t.task_id for t in tasks]
+    c1 = _correct(load, tasks, proto.k, proto.temperature, seed, proto,
+                  where / cache_name("p1", ids, who=ident, k=proto.k, t=proto.temperature, seed=seed,
+                                     chunks=proto.parallel_chunks), sandbox)
+    out = {"pass_at_1": [c / proto.k for c in c1]}
+    if proto.pass_k:
+        ck = _correct(load, tasks, proto.pass_k, proto.train_temperature, seed, proto,
+                      where / cache_name("pk", ids, who=ident, k=proto.pass_k,
+                                         t=proto.train_temperature, seed=seed,
+                                         chunks=proto.parallel_chunks), sandbox)
+        out["pass_at_k"] = [float(c > 0) for c in ck]
+        out["pass_at_1_train_t"] = [c / proto.pass_k for c in ck]
     return out
+
+
+def paired_eval(runs: Sequence[tuple[int, str | Path]], tasks: Sequence, proto: Protocol,
+                cache: str | Path | None = None) -> dict:
+    """Evaluate the start policy and every run's final checkpoint on ``tasks``.
+
+    ``runs``: ``(training seed, run folder)`` pairs. For each seed the start policy (the first
+    run's config) is evaluated once at that seed's sampling seed and cached in ``cache``
+    (default: beside the first run, ``<its parent>/../paired-start``); each run's end in its
+    own folder. Returns ``{"protocol", "task_ids", "start": {seed: readings}, "runs":
+    {run_dir: {"seed", **readings}}}``, readings being per-task lists (:func:`_readings`)."""
+    if not runs:
+        raise ValueError("paired_eval needs at least one run")
+    first = Path(runs[0][1])
+    cache = Path(cache) if cache else first.parent.parent / "paired-start"
+    start_spec = from_dict(TrainConfig, json.loads((first / "config.json").read_text())).policy
+    start_id = "start:" + weights_fingerprint(start_spec.spec)
+    out = {"protocol": dataclasses.asdict(proto), "task_ids": [t.task_id for t in tasks],
+           "start": {}, "runs": {}}
+    with Sandbox() as sandbox:
+        for seed in sorted({s for s, _ in runs}):
+            e = proto.seed_for(seed)
+            out["start"][str(seed)] = _readings(lambda: policy_at(first, 0), tasks, proto, e, cache,
+                                                start_id, sandbox)
+        for seed, run_dir in runs:
+            d = Path(run_dir)
+            ckpt = latest_checkpoint(d)
+            if ckpt is None:
+                raise FileNotFoundError(f"{d}: no complete checkpoint to evaluate")
+            ident = f"{d.resolve()}:{ckpt.name}"
+            out["runs"][str(run_dir)] = {"seed": seed, **_readings(lambda d=d: policy_at(d), tasks, proto,
+                                                                   proto.seed_for(seed), d, ident,
+                                                                   sandbox)}
+    return out
+
+
+# ----------------------------------------------------------------------------- experiments
+
+
+READINGS = {"pass_at_1": "paired", "pass_at_k": "paired_pass_k"}
+"""Reading of a paired evaluation -> the key prefix of its changes in a results file."""
+
+
+def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None = None) -> dict:
+    """Paired changes of every run of ``results``: each method gets ``paired_change`` (pass@1)
+    and ``paired_pass_k_change`` (pass@k at the training temperature), each a
+    :func:`labkit.experiments.stats.paired_change` record (interval over seeds). When the runs
+    trained on ``val`` templates, also without the held-out tasks a trained-on reference
+    solves (``paired_clean``) and on new instances of the trained templates
+    (``paired_trained``). Returns the raw paired evaluation of ``split``."""
+    methods = methods or list(results["methods"])
+    tasks = paired_list(exp)
+    proto = Protocol.of(exp)
+    runs = [(s["seed"], s["run_dir"]) for m in methods for s in results["methods"][m]["seeds"]]
+    cache = Path(exp.run_root) / "paired-start"
+    pe = paired_eval(runs, tasks, proto, cache)
+    _changes(results, methods, pe, "paired")
+    if exp.train_split != "train":
+        # The leak pool that defines the held-out splits holds training-split references only;
+        # a reference of the split trained on here may solve a held-out problem outright.
+        leaked = leaked_task_ids(exp, tasks)
+        clean = [i for i, t in enumerate(tasks) if t.task_id not in leaked]
+        _changes(results, methods, pe, "paired_clean", keep=clean)
+        results["paired_clean"]["dropped_solved_by_trained_reference"] = len(tasks) - len(clean)
+        trained = trained_template_tasks(exp)
+        _changes(results, methods, paired_eval(runs, trained, proto, cache), "paired_trained")
+    results["paired"]["protocol"] = pe["protocol"]
+    return pe
+
+
+def _changes(results: dict, methods: list[str], pe: dict, key: str,
+             keep: list[int] | None = None) -> None:
+    """Each method's paired changes under ``key`` (only the task indices ``keep``)."""
+    idx = list(range(len(pe["task_ids"]))) if keep is None else keep
+    pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+    readings = [r for r in READINGS if r in next(iter(pe["start"].values()))]
+    starts = {r: {s: statistics.fmean(pick(v[r])) for s, v in pe["start"].items()} for r in readings}
+    for m in methods:
+        res = results["methods"][m]
+        for reading in readings:
+            per_seed, ends = {}, {}
+            for s in res["seeds"]:
+                run = pe["runs"][str(s["run_dir"])]
+                start, end = pick(pe["start"][str(s["seed"])][reading]), pick(run[reading])
+                per_seed[s["seed"]] = [b - a for a, b in zip(start, end)]
+                ends[str(s["seed"])] = statistics.fmean(end)
+            prefix = key if reading == "pass_at_1" else key.replace("paired", READINGS[reading], 1)
+            res[f"{prefix}_change"] = stats.paired_change(per_seed)
+            res[f"{prefix}_end"] = ends
+    results[key] = {"tasks": len(idx), "start": {r: starts[r] for r in readings},
+                    "start_mean": {r: statistics.fmean(starts[r].values()) for r in readings}}
+
+
+def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:
+    """Ids of ``tasks`` (synthetic, of ``exp.split``) whose every hidden test some reference
+    of the problems trained on (``exp.train_problems`` of ``exp.train_split``) passes."""
+    pool = ReferencePool(synthetic_problems(exp.train_split, exp.train_problems,
+                                            seed=exp.task_seed))
+    return {t.task_id for t in tasks if pool.solves_task(t)}
+
+
+def trained_template_tasks(exp: ExperimentConfig) -> list:
+    """``exp.paired_tasks`` new instances of the templates trained on (``exp.train_split``):
+    problems of another stream of the generator whose ids no training problem has."""
+    kinds = {"n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk}
+    trained = {t.problem_id for t in load_tasks("synthetic", split=exp.train_split,
+                                                n=exp.train_problems, seed=exp.task_seed, **kinds)}
+    want = exp.paired_tasks * (4 if exp.multi_hunk else 1) + len(trained) // 4
+    for _ in range(3):  # multi-hunk instances skip many problems: widen the stream if short
+        fresh = load_tasks("synthetic", split=exp.train_split, n=want,
+                           seed=exp.task_seed + 1000, bugs_per_problem=1, **kinds)
+        out = [t for t in fresh if t.problem_id not in trained][: exp.paired_tasks]
+        if len(out) >= exp.paired_tasks:
+            break
+        want = want * 13 // 10
+    if len(out) < exp.paired_tasks:
+        raise ValueError(f"only {len(out)} new instances of the {exp.train_split!r} templates; "
+                         f"lower paired_tasks or train_problems")
+    return out
+
+
+def task_interval(start: Sequence[float], end: Sequence[float], n_boot: int = stats.N_BOOT) -> dict:
+    """One run's mean per-task change ``mean_i (end_i - start_i)`` with its bootstrap interval
+    over tasks (:func:`labkit.experiments.stats.bootstrap`)."""
+    if len(start) != len(end) or not start:
+        raise ValueError("start and end need the same, non-zero number of tasks")
+    d = [e - s for s, e in zip(start, end)]
+    return {"mean": statistics.fmean(d), "ci95": stats.bootstrap(
+                lambda rng: statistics.fmean(stats.resample(d, rng))),
+            "tasks": len(d), "improved": sum(x > 0 for x in d), "worsened": sum(x < 0 for x in d)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,19 +289,23 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m labkit paired", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="run folders (each with config.json and checkpoints)")
-    p.add_argument("--tasks", type=int, default=400)
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--start-k", type=int, default=None, help="samples per task for the start (default --k)")
-    p.add_argument("--out", default=None, help="JSON file for the per-task counts")
+    p.add_argument("--tasks", type=int, default=400, help="held-out tasks of the synthetic test split")
+    p.add_argument("--k", type=int, default=4, help="samples per task for pass@1")
+    p.add_argument("--pass-k", type=int, default=0, help="pass@k at the runs' training temperature")
+    p.add_argument("--out", default=None, help="JSON file for the per-task readings")
     a = p.parse_args(argv)
-    res = paired_eval(a.runs, a.tasks, a.k, start_k=a.start_k)
+    cfgs = [from_dict(TrainConfig, json.loads((Path(d) / "config.json").read_text())) for d in a.runs]
+    proto = Protocol(k=a.k, pass_k=a.pass_k, train_temperature=cfgs[0].sampling.temperature)
+    res = paired_eval([(c.seed, d) for c, d in zip(cfgs, a.runs)], held_out_tasks(a.tasks), proto)
     for d, r in res["runs"].items():
-        print(f"{d}: {res['start_pass_at_1']:.4f} -> {r['end_pass_at_1']:.4f}, paired change "
-              f"{r['mean']:+.4f} [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] over {r['tasks']} tasks "
-              f"({r['improved']} up, {r['worsened']} down)", flush=True)
+        start = res["start"][str(r["seed"])]["pass_at_1"]
+        t = task_interval(start, r["pass_at_1"])
+        print(f"{d}: {statistics.fmean(start):.4f} -> {statistics.fmean(r['pass_at_1']):.4f}, paired "
+              f"change {t['mean']:+.4f} {stats.interval_text(t['ci95'], 4)} over {t['tasks']} tasks "
+              f"({t['improved']} up, {t['worsened']} down)", flush=True)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
-    print(json.dumps({d: {k: r[k] for k in ("mean", "ci95", "end_pass_at_1")} for d, r in res["runs"].items()}
-                     | {"start_pass_at_1": res["start_pass_at_1"]}))
+    print(json.dumps({d: {"change": statistics.fmean(r["pass_at_1"]) - statistics.fmean(
+        res["start"][str(r["seed"])]["pass_at_1"])} for d, r in res["runs"].items()}))
     return 0

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import RECIPES
-from labkit.experiments import (ExperimentConfig, _figure, add_paired, paired_lines, run_methods,
-                                setting, write_markdown)
-from labkit.experiments.stats import describe, seed_difference
+from labkit.experiments.config import ExperimentConfig
+from labkit.experiments.paired import add_paired
+from labkit.experiments.runs import run_methods, setting
 
 
 @dataclass

@@ -1,20 +1,31 @@
-"""Intervals for paired changes that include seed-to-seed variance.
+"""The experiments' statistics, each written once: Student-t quantiles, the t-interval over
+training seeds, one bootstrap, the verdict rule and the minimum detectable effect.
 
-A training run's effect on held-out pass@1 is measured *paired*: the start policy and the
-run's checkpoint on the same tasks with the same sampling seed, ``d_{s,i} = end_{s,i} -
-start_i`` for training seed ``s`` and task ``i``. Two sources of noise matter: which tasks
-were drawn, and which training seed ran. An interval over tasks alone (what a single run
-gives) says nothing about the second, which on the tiny model is the larger one. So:
+A training run's effect on held-out pass@1 is measured *paired*: for training seed ``s`` and
+task ``i``, ``d_{s,i} = end_{s,i} - start_{s,i}``, the start policy and the run's final
+checkpoint evaluated on the same task with the same sampling seed (a sampling seed of its own
+per training seed, so the start's sampling noise varies between seeds and the interval over
+seeds covers it). Two sources of noise matter: which tasks were drawn and which training seed
+ran; on the tiny model the second is the larger one. So:
 
 * :func:`t_interval`: per seed the mean change ``d_s = mean_i d_{s,i}``; the 95% Student-t
-  interval of the ``d_s`` over seeds (``n - 1`` degrees of freedom). This is the headline.
-* :func:`hierarchical_bootstrap`: resample seeds, then tasks within each drawn seed; the
-  percentile interval of the grand mean. It uses the task-level spread too.
-* :func:`task_bootstrap`: tasks only, pooled over seeds, labelled as such wherever shown.
+  interval ``mean(d_s) +- t_{0.975, n-1} sd(d_s) / sqrt(n)`` over the ``n`` seeds.
+* :func:`hierarchical_bootstrap`: seeds resampled, then tasks within each drawn seed; the
+  percentile interval of the grand mean (the seed-and-task interval, printed beside the
+  t-interval).
+* :func:`task_bootstrap`: tasks only (each task's change averaged over seeds), labelled as
+  such wherever shown: it ignores seed-to-seed variance.
 
-:func:`paired_change` bundles them in the record every ``docs/results/<name>.json`` uses:
-``{"mean", "ci95": [lo, hi], "over": "seeds", "per_seed": {...}, ...}``. With one seed there
-is no interval over seeds: ``ci95`` is ``None``.
+**The verdict** (:func:`shown`, one rule for every page, the README, the lab report and the
+notebooks): a change is *shown* when its 95% t-interval over training seeds excludes 0.
+With one seed nothing is shown. A change that is not shown is always printed with the
+design's **minimum detectable effect** (:func:`mde`): the smallest true change the same
+design (seeds, their spread) finds with 80% power at two-sided 5%,
+``MDE = (t_{0.975, n-1} + t_{0.80, n-1}) sd / sqrt(n)``.
+
+Every resampling interval goes through :func:`bootstrap` (one percentile rule,
+:func:`percentile_interval`); every t quantile through :func:`t_quantile` (scipy's exact
+Student t).
 """
 
 from __future__ import annotations
@@ -22,101 +33,184 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-# two-sided 95% Student t quantiles, df -> t
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+LEVEL = 0.95
+"""Two-sided confidence level of every interval."""
+POWER = 0.80
+"""Power of the minimum detectable effect."""
+N_BOOT = 2000
+"""Bootstrap resamples."""
 
 
-def t_quantile(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (table, then the
-    nearest smaller tabulated df, 1.96 beyond 30)."""
+# ----------------------------------------------------------------------------- t
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (exact, scipy)."""
     if df < 1:
-        raise ValueError("a t interval needs at least two values")
-    if df > 30:
-        return 1.96
-    return _T95[max(d for d in _T95 if d <= df)]
+        raise ValueError(f"a t quantile needs at least one degree of freedom (two values), got df={df}")
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
 
 
-def t_interval(xs: Sequence[float]) -> tuple[float, list[float] | None]:
-    """Mean and 95% t-interval ``mean ± t_{n-1} s / sqrt(n)``; ``None`` for one value."""
+def t_interval(xs: Sequence[float], level: float = LEVEL) -> tuple[float, list[float] | None]:
+    """Mean and t-interval ``mean +- t_{(1+level)/2, n-1} sd / sqrt(n)``; ``None`` for one value
+    (one seed says nothing about the spread between seeds)."""
+    if not xs:
+        raise ValueError("t_interval needs at least one value")
     m = statistics.fmean(xs)
     if len(xs) < 2:
         return m, None
-    h = t_quantile(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    h = t_quantile((1 + level) / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
     return m, [m - h, m + h]
 
 
-def _percentiles(values: list[float]) -> list[float]:
-    values = sorted(values)
-    n = len(values)
-    return [values[int(0.025 * n)], values[min(n - 1, int(math.ceil(0.975 * n)) - 1)]]
+def mde(sd: float, n: int, level: float = LEVEL, power: float = POWER) -> float | None:
+    """Minimum detectable effect of a paired design over ``n`` seeds with seed-to-seed standard
+    deviation ``sd`` (two-sided ``1 - level``, power ``power``):
+    ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd / sqrt(n)``; ``None`` for one seed."""
+    if n < 2:
+        return None
+    df = n - 1
+    return (t_quantile((1 + level) / 2, df) + t_quantile(power, df)) * sd / math.sqrt(n)
 
 
-def hierarchical_bootstrap(deltas: Sequence[Sequence[float]], n_boot: int = 2000,
+# ----------------------------------------------------------------------------- bootstrap
+
+
+def percentile_interval(values: Sequence[float], level: float = LEVEL) -> list[float]:
+    """The percentile interval of resampled statistics: with ``v`` sorted and ``n`` values,
+    ``[v[floor(a n)], v[ceil((1 - a) n) - 1]]``, ``a = (1 - level) / 2``."""
+    v = sorted(values)
+    n = len(v)
+    if not n:
+        raise ValueError("percentile_interval needs at least one value")
+    a = (1 - level) / 2
+    return [v[int(math.floor(a * n))], v[min(n - 1, int(math.ceil((1 - a) * n)) - 1)]]
+
+
+def bootstrap(draw: Callable[[random.Random], float], n_boot: int = N_BOOT, seed: int = 0,
+              level: float = LEVEL) -> list[float]:
+    """The percentile interval (:func:`percentile_interval`) of ``n_boot`` statistics, each
+    ``draw(rng)`` on one resample that ``draw`` makes with ``rng`` (a ``random.Random(seed)``
+    shared by all draws, so the interval is reproducible). Draws that return NaN (a statistic
+    undefined on that resample) are left out; ``[nan, nan]`` when all are."""
+    rng = random.Random(seed)
+    values = [x for x in (draw(rng) for _ in range(n_boot)) if x == x]
+    return percentile_interval(values, level) if values else [math.nan, math.nan]
+
+
+def resample(items: Sequence, rng: random.Random) -> list:
+    """``len(items)`` items drawn with replacement."""
+    n = len(items)
+    return [items[rng.randrange(n)] for _ in range(n)]
+
+
+def hierarchical_bootstrap(deltas: Sequence[Sequence[float]], n_boot: int = N_BOOT,
                            seed: int = 0) -> list[float] | None:
-    """95% percentile interval of the grand mean of per-seed, per-task changes, resampling
-    seeds with replacement and then tasks within each drawn seed (``None`` for one seed)."""
+    """Interval of the grand mean of per-seed, per-task changes ``deltas[s][i]``, resampling
+    seeds with replacement, then tasks within each drawn seed (``None`` for one seed)."""
     if len(deltas) < 2:
         return None
-    rng = random.Random(seed)
-    means = []
-    for _ in range(n_boot):
-        seeds = [deltas[rng.randrange(len(deltas))] for _ in deltas]
-        means.append(statistics.fmean(statistics.fmean(d[rng.randrange(len(d))] for _ in d)
-                                      for d in seeds))
-    return _percentiles(means)
+    return bootstrap(lambda rng: statistics.fmean(statistics.fmean(resample(d, rng))
+                                                  for d in resample(deltas, rng)), n_boot, seed)
 
 
-def task_bootstrap(deltas: Sequence[Sequence[float]], n_boot: int = 2000,
+def task_bootstrap(deltas: Sequence[Sequence[float]], n_boot: int = N_BOOT,
                    seed: int = 0) -> list[float]:
-    """95% percentile interval over *tasks only*: each task's change averaged over seeds,
-    tasks resampled. Ignores seed-to-seed variance; shown beside the others, labelled."""
+    """Interval over *tasks only*: each task's change averaged over seeds, tasks resampled.
+    Ignores seed-to-seed variance; shown beside the others, labelled."""
     per_task = [statistics.fmean(col) for col in zip(*deltas)]
-    rng = random.Random(seed)
-    n = len(per_task)
-    return _percentiles([statistics.fmean(per_task[rng.randrange(n)] for _ in range(n))
-                         for _ in range(n_boot)])
+    return bootstrap(lambda rng: statistics.fmean(resample(per_task, rng)), n_boot, seed)
 
 
-def paired_change(per_seed: Mapping[int | str, Sequence[float]], n_boot: int = 2000) -> dict:
-    """The results-file record of a method's paired change from per-seed, per-task
-    changes (every seed on the same tasks, in the same order)."""
+# ----------------------------------------------------------------------------- changes
+
+
+def paired_change(per_seed: Mapping[int | str, Sequence[float]], n_boot: int = N_BOOT) -> dict:
+    """The results-file record of a paired change from per-seed, per-task changes (every seed
+    on the same tasks, in the same order):
+
+    ``mean``, ``ci95`` (t over seeds), ``per_seed`` (each seed's mean), ``per_task`` (the
+    per-seed, per-task changes the page and every difference are computed from), ``sd_seeds``,
+    ``hierarchical_ci95`` (seeds and tasks), ``task_bootstrap_ci95``, ``mde`` and ``shown``
+    (:func:`shown`)."""
     if not per_seed:
         raise ValueError("paired_change needs at least one seed")
     lengths = {len(v) for v in per_seed.values()}
     if len(lengths) != 1 or 0 in lengths:
         raise ValueError(f"every seed needs the same, non-zero number of tasks; got {sorted(lengths)}")
-    deltas = [list(v) for v in per_seed.values()]
+    deltas = [list(map(float, v)) for v in per_seed.values()]
     means = [statistics.fmean(d) for d in deltas]
     mean, ci = t_interval(means)
-    return {"mean": mean, "ci95": ci, "over": "seeds",
-            "per_seed": {str(s): m for s, m in zip(per_seed, means)},
-            "seeds": len(deltas), "tasks": lengths.pop(),
-            "hierarchical_ci95": hierarchical_bootstrap(deltas, n_boot),
-            "task_bootstrap_ci95": task_bootstrap(deltas, n_boot),
-            "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+    sd = statistics.stdev(means) if len(means) > 1 else None
+    rec = {"mean": mean, "ci95": ci, "over": "seeds",
+           "per_seed": {str(s): m for s, m in zip(per_seed, means)},
+           "per_task": {str(s): d for s, d in zip(per_seed, deltas)},
+           "seeds": len(deltas), "tasks": lengths.pop(), "sd_seeds": sd,
+           "hierarchical_ci95": hierarchical_bootstrap(deltas, n_boot),
+           "task_bootstrap_ci95": task_bootstrap(deltas, n_boot),
+           "mde": mde(sd, len(deltas)) if sd is not None else None}
+    rec["shown"] = shown(rec)
+    return rec
 
 
-def seed_difference(a: Mapping, b: Mapping) -> dict | None:
-    """``b - a`` of two :func:`paired_change` records, seed by seed on the seeds both have
-    (same seed = same tasks, start and sampling seed), with the t-interval over those seeds;
-    ``None`` when they share no seed."""
+def difference(a: Mapping, b: Mapping, n_boot: int = N_BOOT) -> dict | None:
+    """``b - a`` of two :func:`paired_change` records, seed by seed and task by task on the
+    seeds both have (same seed = same tasks, start and sampling seed): a :func:`paired_change`
+    record of the differences, so it carries the t-interval over seeds, the seed-and-task
+    bootstrap and the minimum detectable effect. ``None`` when they share no seed."""
     seeds = [s for s in a["per_seed"] if s in b["per_seed"]]
     if not seeds:
         return None
-    diffs = [b["per_seed"][s] - a["per_seed"][s] for s in seeds]
-    mean, ci = t_interval(diffs)
-    return {"mean": mean, "ci95": ci, "over": "seeds", "per_seed": dict(zip(seeds, diffs)),
-            "seeds": len(seeds), "shown": ci is not None and (ci[0] > 0 or ci[1] < 0)}
+    if "per_task" in a and "per_task" in b:
+        per = {s: [y - x for x, y in zip(a["per_task"][s], b["per_task"][s], strict=True)]
+               for s in seeds}
+    else:  # records without per-task changes: the seeds' means only
+        per = {s: [b["per_seed"][s] - a["per_seed"][s]] for s in seeds}
+    return paired_change(per, n_boot)
 
 
-def describe(change: Mapping) -> str:
-    """``+0.052 [+0.031, +0.073] over 3 seeds`` / ``+0.012, one seed: no interval``."""
+def shown(change: Mapping) -> bool:
+    """The one verdict rule: the 95% t-interval over training seeds excludes 0."""
+    ci = change.get("ci95")
+    return ci is not None and (ci[0] > 0 or ci[1] < 0)
+
+
+def verdict(change: Mapping, unit: str = "") -> str:
+    """The verdict in words: ``significant over seeds`` (and its direction), or ``not shown;
+    this design detects differences of at least X``, or ``one seed: no interval``."""
+    if change.get("ci95") is None:
+        return "one seed: no interval, not shown"
+    if shown(change):
+        return f"significant over seeds ({'up' if change['mean'] > 0 else 'down'})"
+    m = change.get("mde")
+    detect = f"; this design detects differences of at least {m:.3f}{unit}" if m is not None else ""
+    return f"not shown{detect}"
+
+
+def interval_text(lo_hi: Sequence[float] | None, digits: int = 3) -> str:
+    """``[+0.031, +0.073]``, or ``n/a``."""
+    if lo_hi is None or any(x != x for x in lo_hi):
+        return "n/a"
+    return f"[{lo_hi[0]:+.{digits}f}, {lo_hi[1]:+.{digits}f}]"
+
+
+def describe(change: Mapping, digits: int = 3) -> str:
+    """``+0.052 [+0.031, +0.073] over 3 seeds (seeds and tasks [+0.028, +0.075]):
+    significant over seeds (up)``; a change that is not shown carries the design's MDE."""
     m = change["mean"]
-    if change["ci95"] is None:
-        return f"{m:+.3f}, one seed: no interval"
-    lo, hi = change["ci95"]
-    verdict = "" if change["shown"] else " (not shown: the interval includes 0)"
-    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] over {change['seeds']} seeds{verdict}"
+    if change.get("ci95") is None:
+        return f"{m:+.{digits}f}, {verdict(change)}"
+    h = change.get("hierarchical_ci95")
+    beside = f" (seeds and tasks {interval_text(h, digits)})" if h else ""
+    return (f"{m:+.{digits}f} {interval_text(change['ci95'], digits)} over {change['seeds']} seeds"
+            f"{beside}: {verdict(change)}")
+
+
+def summary(xs: Sequence[float]) -> dict:
+    """``{"mean", "ci95"}`` of per-seed values (:func:`t_interval`), for the periodic readings."""
+    mean, ci = t_interval(list(xs))
+    return {"mean": mean, "ci95": ci}

@@ -1,0 +1,215 @@
+"""What an experiment is configured by, and the training config it derives for each run.
+
+:class:`ExperimentConfig` is the shared budget of every experiment (every method gets the
+same); :func:`base_train_config` turns it into one run's :class:`TrainConfig`;
+:func:`command` writes the command line that reproduces an experiment from its config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit.config import from_dict
+from labkit.loops.trainer import TrainConfig
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+"""The repository's results folder (``docs/results``)."""
+
+
+@dataclass
+class ExperimentConfig:
+    """Shared budget of an experiment (every method gets the same)."""
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Training seeds; every method trains once per seed (``TrainConfig.seed``: sampling,
+    task order). The tasks themselves come from ``task_seed``, the same for every run, so runs
+    are compared paired; the 95% interval over seeds covers training noise. A single seed
+    gives no interval."""
+    task_seed: int = 0
+    """Seed of the training and held-out task lists (``tasks.seed``), fixed across seeds and
+    methods: every run trains on the same problems and is evaluated on the same tasks."""
+    train_split: str = "train"
+    """Split trained on (``tasks.train_split``): ``train``, the shipped model's SFT templates
+    (where it is strong and sure: few groups with signal), or ``val``, templates neither its
+    SFT data nor ``test`` holds (room to learn). With ``val`` the paired evaluation also
+    measures new instances of the trained templates (``paired_trained``)."""
+    split: str = "test"
+    """Held-out split evaluated on: ``test`` (templates training never saw), ``val``, or
+    ``in_template`` (new instances of training templates)."""
+    feedback: str = "dense"
+    """Feedback regime of training (``feedback.mode``): dense, binary, public, noisy, coarse."""
+    n_bugs: int = 1
+    """Bugs per task (train and held-out); with 2-3, ``multi_hunk`` picks separable ones."""
+    multi_hunk: bool = False
+    """Only tasks whose bugs are separate, separately tested hunks (``tasks.multi_hunk``)."""
+    paired_tasks: int = 200
+    """After training: the start policy and every run's final checkpoint on these many
+    held-out tasks of ``split`` (:mod:`labkit.experiments.paired`); the per-task changes give
+    each seed's paired change. 0 = off."""
+    paired_per_template: int | None = 12
+    """At most this many of the ``paired_tasks`` from any one template, the list filled from
+    further down the stream (:func:`labkit.env.balanced.balanced_tasks`). ``0`` or ``None``:
+    the split's first tasks as drawn, where one ``test`` template is 28% of 200."""
+    paired_k: int = 4
+    """Samples per task at ``paired_temperature`` for the start policy and each run's final
+    checkpoint: pass@1 is their mean pass rate. Each training seed has its own evaluation
+    sampling seed, the same for its start and its end, so the start's sampling noise differs
+    between seeds and the interval over seeds covers it."""
+    paired_temperature: float = 0.7
+    """Sampling temperature of the paired pass@1 (below training's: a less noisy reading of
+    what the policy does)."""
+    paired_pass_k: int = 8
+    """pass@k at the *training* temperature, start and end on the same held-out list, beside
+    pass@1 (a policy that only sharpens raises pass@1 and lowers pass@k). 0 = off."""
+    paired_eval_seed: int = 4321
+    """Base of the evaluation sampling seeds (one derived per training seed)."""
+    steps: int = 40
+    """Policy updates per run (``TrainConfig.steps``); a checkpoint every
+    ``max(1, steps // 3)``. The learning rate is constant without warm-up, which lets an
+    aliased method read a shorter budget off another experiment's longer finished run
+    (:func:`finished_run`, ``prefix``)."""
+    tasks_per_step: int = 16
+    """16 tasks x 8 samples per update: smaller batches did not generalise to held-out
+    tasks on the tiny model (docs/results/probes)."""
+    group_size: int = 8
+    """G: completions sampled per task and update (``sampling.group_size``, the GRPO group;
+    at most 320 new tokens). A larger group leaves fewer all-equal groups (zero
+    advantage, no signal) at G times the sampling and sandbox cost per task."""
+    temperature: float = 1.6
+    """The training sampler's temperature (``sampling.temperature``). A hotter sampler leaves
+    fewer all-equal groups on a sure model: at T = 1.6 the shipped model's groups on held-out
+    templates are rarely all equal, at T = 1.0 about half are (docs/tiny_model.md)."""
+    sampler: str = "race"
+    """How the training sampler draws a token (``sampling.sampler``): ``race`` or
+    ``inverse_cdf``, the same distribution at a fraction of the CPU time and another random
+    stream (docs/benchmarks.md)."""
+    parallel_chunks: int = 2
+    """Sampling chunks (64 rows) decoded at once, one per core, each from its own random stream
+    (``sampling.parallel_chunks``; also every evaluation): it changes the random stream, so it
+    is part of what reproduces a result."""
+    lr: float = 5e-5
+    """Peak AdamW learning rate (``optim.lr``), constant, no warm-up. 5e-5 moves the
+    2M-parameter tiny model within tens of steps; a larger model wants far less."""
+    eval_every: int = 20
+    """Held-out pass@1 every N steps, plus step 0 and the last step
+    (``TrainConfig.eval_every``): the points of the report's curves, and a budget read at step s
+    needs one at s. 0 turns evaluation off and leaves the report nothing to read."""
+    eval_tasks: int = 200
+    """Held-out tasks of the synthetic ``test`` split (templates training never sees) at each
+    evaluation (``tasks.eval_tasks``); an evaluation costs ``eval_tasks x eval_k`` samples."""
+    eval_k: int = 4
+    """Samples per held-out task at each evaluation, at T = 0.7 (``TrainConfig.eval_k``); pass@1
+    is their mean pass rate. More samples narrow each reading's sampling noise at k times the
+    evaluation cost."""
+    train_problems: int = 2000
+    """Synthetic training problems generated per run (``tasks.train_problems``, one buggy
+    variant each); each step samples ``tasks_per_step`` of them."""
+    out: str = str(RESULTS)
+    """Folder the reports are written to: ``<name>.md``, ``.json``, ``.html`` and ``.png``
+    (default: the repository's ``docs/results``)."""
+    run_root: str = "runs/experiments"
+    """Root of the run folders: method ``m`` of experiment ``e`` trains into
+    ``<run_root>/<e>/<m>/seed<seed>``, where finished runs are found again (``reuse_finished``)
+    and aliased methods look for the other experiment's runs. Relative to the working directory."""
+    policy: str = "tiny"
+    """The starting policy (``policy.spec``): ``tiny`` or a local Hugging Face causal-LM folder.
+    Every run keeps a KL reference (``reference: auto``, ``kl_coef`` 0.01)."""
+    reuse_finished: bool = True
+    """Keep a run whose folder already holds a finished run of the same config: finished
+    runs are not trained again, and an interrupted one resumes from its last checkpoint
+    (:func:`prepare_run_dir`)."""
+
+
+SYNTHETIC_TEST_TIMEOUT_S = 0.25
+"""The experiments' per-test wall limit (``sandbox.test_timeout_s``; the sandbox's default
+is 1 s). Synthetic references run in microseconds (all 1,463 of the val, test and two-bug
+val sets pass at it); at 1 s the one looping candidate most steps hold made the sandbox phase
+0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
+
+
+def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
+    return from_dict(TrainConfig, {
+        "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
+        "policy": {"spec": exp.policy, "reference": "auto"},
+        "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320,
+                     "sampler": exp.sampler, "parallel_chunks": exp.parallel_chunks},
+        "tasks": {"source": "synthetic", "train_problems": exp.train_problems,
+                  "train_split": exp.train_split, "eval_split": exp.split,
+                  "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
+                  "multi_hunk": exp.multi_hunk},
+        "feedback": {"mode": exp.feedback},
+        "sandbox": {"test_timeout_s": SYNTHETIC_TEST_TIMEOUT_S},
+        "loss": {"kl_coef": 0.01, "micro_batch_size": 32},
+        "optim": {"lr": exp.lr},
+        "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
+        "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
+    })
+
+
+SYNTHETIC_TEST_TIMEOUT_S = 0.25
+"""The experiments' per-test wall limit (``sandbox.test_timeout_s``; the sandbox's default
+is 1 s). Synthetic references run in microseconds (all 1,463 of the val, test and two-bug
+val sets pass at it); at 1 s the one looping candidate most steps hold made the sandbox phase
+0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
+
+
+def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
+    return from_dict(TrainConfig, {
+        "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
+        "policy": {"spec": exp.policy, "reference": "auto"},
+        "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320,
+                     "sampler": exp.sampler, "parallel_chunks": exp.parallel_chunks},
+        "tasks": {"source": "synthetic", "train_problems": exp.train_problems,
+                  "train_split": exp.train_split, "eval_split": exp.split,
+                  "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
+                  "multi_hunk": exp.multi_hunk},
+        "feedback": {"mode": exp.feedback},
+        "sandbox": {"test_timeout_s": SYNTHETIC_TEST_TIMEOUT_S},
+        "loss": {"kl_coef": 0.01, "micro_batch_size": 32},
+        "optim": {"lr": exp.lr},
+        "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
+        "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
+    })
+
+
+def command(name: str, exp: ExperimentConfig) -> str:
+    """The command that reruns experiment ``name`` with config ``exp``:
+    ``python -m labkit experiment NAME --set k=v ...`` for every field that differs from the
+    experiment's defaults (values written as the ``--set`` parser, YAML, reads them back)."""
+    import shlex
+
+    default = type(exp)()
+    parts = [f"python -m labkit experiment {name}"]
+    for f in dataclasses.fields(exp):
+        ours = getattr(exp, f.name)
+        if ours != getattr(default, f.name):
+            parts.append("--set " + shlex.quote(f"{f.name}={_yaml_value(ours)}"))
+    return " ".join(parts)
+
+
+def _yaml_value(v) -> str:
+    """``v`` in YAML flow style with no spaces between list items (``[0,1,2]``, ``null``)."""
+    import yaml
+
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_yaml_value(x) for x in v) + "]"
+    return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("\n...")
+
+
+def code_commit() -> str | None:
+    """The repository's commit (``git rev-parse HEAD``, ``+dirty`` when files differ from it),
+    or ``None`` outside a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")

@@ -1,0 +1,236 @@
+"""Training every method of an experiment on every seed, reusing what is already done.
+
+:func:`run_methods` trains method x seed runs into ``<run_root>/<experiment>/<method>/seed<s>``.
+A finished run of the same config and starting weights is reused, an interrupted one resumes
+from its last checkpoint (a run killed at any point continues exactly, ``Trainer.resume``), and
+anything else in the folder is moved aside, never overwritten. :func:`summarise_run` reads a
+run folder into the per-seed record a results file keeps.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from labkit.config import to_dict, to_record
+from labkit.experiments import stats
+from labkit.experiments.config import ExperimentConfig, base_train_config, code_commit
+from labkit.loops.events import RunFolder
+from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
+from labkit.policy.loading import weights_fingerprint
+
+
+def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
+                aliases: dict[str, str] | None = None) -> dict:
+    """Train every method with every seed; collect eval curves and timings.
+
+    ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``) that
+    trains the identical configuration: a finished run of it is reused instead of trained
+    again (the config, run folder aside, must match exactly)."""
+    results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
+    configure = configure or (lambda method, cfg: None)
+    if exp.paired_tasks:
+        from labkit.experiments.paired import paired_list
+
+        paired_list(exp)  # a list that cannot be filled fails now, not after the training
+    weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
+    for method, make in methods.items():
+        per_seed = []
+        for seed in exp.seeds:
+            run_dir = f"{exp.run_root}/{name}/{method}/seed{seed}"
+            cfg = base_train_config(exp, seed, run_dir)
+            cfg.reshape = make()
+            configure(method, cfg)
+            alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
+            done = None
+            if exp.reuse_finished:
+                if finished_run(run_dir, cfg, weights=weights):
+                    done = run_dir
+                elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
+                    done = alias
+            if done:
+                per_seed.append(summarise_run(done, seed, upto=cfg.steps))
+                print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
+                      f"{cfg.steps} steps)", flush=True)
+                continue
+            t0 = time.time()
+            resume = prepare_run_dir(run_dir, cfg, weights=weights)
+            tr = Trainer(cfg)
+            record_weights(run_dir, weights)  # and the code that trains it
+            if resume:
+                print(f"{method} seed {seed}: resuming {run_dir} from step {tr.resume()}", flush=True)
+            tr.train(progress=True)
+            tr.close()
+            per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
+            print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
+                  f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
+        results["methods"][method] = summarise_method(per_seed)
+    results["setting"] = setting(exp, weights)
+    results["seeds"] = list(exp.seeds)
+    return results
+
+
+def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
+    """What every results file says first: split, feedback regime, model, budget, seeds.
+    ``weights``: the policy's fingerprint when the caller has it (else it is computed)."""
+    return {"train_split": exp.train_split, "split": exp.split, "feedback": exp.feedback,
+            "model": exp.policy, "model_sha256": weights or weights_fingerprint(exp.policy),
+            "steps": exp.steps, "batch": f"{exp.tasks_per_step} tasks x {exp.group_size} samples",
+            "lr": exp.lr, "n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk,
+            "task_seed": exp.task_seed, "seeds": list(exp.seeds),
+            "temperature": exp.temperature, "parallel_chunks": exp.parallel_chunks,
+            "paired": {"tasks": exp.paired_tasks, "k": exp.paired_k,
+                       "temperature": exp.paired_temperature, "pass_k": exp.paired_pass_k,
+                       "per_template": exp.paired_per_template, "eval_seed": exp.paired_eval_seed}}
+
+
+WEIGHTS_FILE = "weights.json"
+"""Beside a run's ``config.json``: the fingerprint of the starting policy's weights
+(:func:`labkit.policy.loading.weights_fingerprint`) and the code commit that trained it. The
+config names the policy (``tiny``), not its weights; when the shipped model is rebuilt, a run
+of the old one must not be reused."""
+
+
+def record_weights(run_dir: str | Path, weights: str) -> None:
+    """Write :data:`WEIGHTS_FILE` into ``run_dir`` (the first commit that trained the run is
+    kept when it resumes under another)."""
+    path = Path(run_dir, WEIGHTS_FILE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    commits = old.get("code_commits", [])
+    now = code_commit()
+    if now not in commits:
+        commits.append(now)
+    path.write_text(json.dumps({"weights_sha256": weights, "code_commits": commits}) + "\n")
+
+
+def _same_weights(run_dir: Path, weights: str | None) -> bool:
+    """``weights`` is None (not checked), or the run recorded the same fingerprint (a run
+    without a record, from before runs recorded it, counts as another model)."""
+    if weights is None:
+        return True
+    try:
+        return json.loads((run_dir / WEIGHTS_FILE).read_text()).get("weights_sha256") == weights
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig, weights: str | None = None) -> bool:
+    """Before training ``cfg`` in ``run_dir``: True if the folder holds an unfinished run of
+    the same config (and, when ``weights`` is given, the same starting weights) with a
+    complete checkpoint (resume it). A folder holding anything else (another config or
+    model, or no checkpoint to resume from) is moved aside to ``<run_dir>.replaced-<n>``,
+    never overwritten or appended to; returns False."""
+    d = Path(run_dir)
+    if not d.exists() or not any(d.iterdir()):
+        return False
+    if (_same_config(_saved_config(d), cfg) and _same_weights(d, weights)
+            and latest_checkpoint(d) is not None):
+        return True
+    n = 1
+    while d.with_name(f"{d.name}.replaced-{n}").exists():
+        n += 1
+    d.rename(d.with_name(f"{d.name}.replaced-{n}"))
+    print(f"{d}: held another or unresumable run; moved to {d.name}.replaced-{n}", flush=True)
+    return False
+
+
+def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False,
+                 weights: str | None = None) -> bool:
+    """True when ``run_dir`` holds a run of exactly ``cfg`` (wherever its folder was) that
+    reached ``cfg.steps`` and logged its final evaluation; with ``weights``, also one that
+    started from the weights of that fingerprint (:data:`WEIGHTS_FILE`).
+
+    ``prefix``: also accept a longer finished run of the same config that evaluated at step
+    ``cfg.steps``, when the learning rate is constant without warm-up: its first
+    ``cfg.steps`` steps are then exactly a ``cfg.steps``-step run (everything random derives
+    from ``(seed, step)``), read with ``summarise_run(..., upto=cfg.steps)``."""
+    theirs = _saved_config(Path(run_dir))
+    if theirs is None or not _same_weights(Path(run_dir), weights):
+        return False
+    run = RunFolder(run_dir)
+    steps, evals = run.read("metrics.jsonl"), run.read("eval.jsonl")
+    if not steps or not evals or steps[-1]["step"] != theirs.get("steps") or evals[-1]["step"] != theirs.get("steps"):
+        return False
+    ignore = {"run_dir"}
+    if prefix and cfg.optim.schedule == "constant" and not cfg.optim.warmup_steps:
+        ignore |= {"steps", "checkpoint_every"}
+        if theirs["steps"] < cfg.steps or not any(e["step"] == cfg.steps for e in evals):
+            return False
+    return _same_config(theirs, cfg, ignore)
+
+
+def _as_json(cfg) -> dict:
+    """``cfg`` as it reads back from a run's ``config.json`` (tuples become lists)."""
+    return json.loads(json.dumps(to_dict(cfg)))
+
+
+def _same_config(saved: dict | None, cfg: TrainConfig, ignore: set[str] = frozenset()) -> bool:
+    """``saved`` (a run's ``config.json``) is ``cfg``, the keys ``ignore`` aside. A field the
+    saved config lacks (one added to the code after the run) counts as equal when ``cfg``
+    holds that field's default: a run made before a new option existed ran as its default."""
+    if saved is None:
+        return False
+    ours, default = _as_json(cfg), _as_json(TrainConfig())
+
+    def fill(theirs: dict, ours: dict, default: dict) -> dict:
+        out = dict(theirs)
+        for k, v in ours.items():
+            if k not in out:
+                out[k] = default.get(k, object())
+            elif isinstance(v, dict) and isinstance(out[k], dict):
+                out[k] = fill(out[k], v, default.get(k, {}) if isinstance(default.get(k), dict) else {})
+        return out
+
+    theirs = fill(saved, ours, default)
+    return ({k: v for k, v in theirs.items() if k not in ignore}
+            == {k: v for k, v in ours.items() if k not in ignore})
+
+
+def _saved_config(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,
+                  upto: int | None = None) -> dict:
+    """One finished run folder -> the per-seed record of a report. Without ``wall_s`` the
+    wall time is the sum of the logged step and evaluation times. ``upto``: read only the
+    first ``upto`` steps (see :func:`finished_run`'s ``prefix``)."""
+    run = RunFolder(run_dir)
+    evals, steps = run.read("eval.jsonl"), run.read("metrics.jsonl")
+    if upto is not None:
+        evals = [e for e in evals if e["step"] <= upto]
+        steps = [r for r in steps if r["step"] <= upto]
+    if not evals or not steps:
+        raise ValueError(f"{run_dir}: no eval.jsonl / metrics.jsonl rows; is the run finished?")
+    if wall_s is None:
+        wall_s = sum(r["time/step"] for r in steps) + sum(e.get("time/eval", 0.0) for e in evals)
+    return {
+        "seed": seed, "run_dir": str(run_dir), "wall_s": round(wall_s, 1),
+        "s_per_step": round(statistics.fmean(r["time/step"] for r in steps), 3),
+        "pass_at_1_start": evals[0]["eval/pass_at_1"], "pass_at_1_end": evals[-1]["eval/pass_at_1"],
+        "curve": [[e["step"], e["eval/pass_at_1"]] for e in evals],
+        "train_reward_first": steps[0]["reward/mean"], "train_reward_last": steps[-1]["reward/mean"],
+    }
+
+
+def summarise_method(per_seed: list[dict]) -> dict:
+    """Per-seed records -> mean and 95% t-interval over seeds of the periodic held-out readings
+    at the start, the end and end - start (:func:`labkit.experiments.stats.summary`)."""
+    starts = [s["pass_at_1_start"] for s in per_seed]
+    ends = [s["pass_at_1_end"] for s in per_seed]
+    return {
+        "seeds": per_seed,
+        "start": stats.summary(starts), "end": stats.summary(ends),
+        "delta": stats.summary([e - s for s, e in zip(starts, ends)]),
+        "wall_s": statistics.fmean(s["wall_s"] for s in per_seed),
+        "s_per_step": statistics.fmean(s["s_per_step"] for s in per_seed),
+    }
