@@ -9,7 +9,7 @@ import torch
 from labkit.credit.advantages import (ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages,
                                       group_stats)
 from labkit.credit.losses import agg_loss, entropy_from_logits, kl_penalty, ppo_clip_loss
-from labkit.credit.registry import Registry
+from labkit.registry import Registry
 
 
 def _inp(rewards, groups, T=3):

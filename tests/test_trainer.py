@@ -1,6 +1,7 @@
 """The GRPO trainer on toy tasks: it learns in the right direction, logs, emits events,
 checkpoints, and resumes exactly after SIGKILL."""
 
+import hashlib
 import json
 import os
 import signal
@@ -282,6 +283,12 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     want = json.loads(GOLDEN.read_text())[estimator]
     assert [g[:4] for g in got] == [w[:4] for w in want]  # the same tokens
     assert [g[4:] for g in got] == [w[4:] for w in want]  # the same rewards and credit
+    # the same trained weights as the trainer wrote before its credit stages became one
+    # pipeline and its fork hooks a rollout stage
+    h = hashlib.sha256()
+    for p in tr.params:
+        h.update(p.detach().to(torch.float32).contiguous().numpy().tobytes())
+    assert h.hexdigest()[:16] == json.loads(GOLDEN.read_text())["weights_digest"][estimator]
 
 
 def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_model_dir, tmp_path):

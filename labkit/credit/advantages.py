@@ -40,7 +40,7 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 """Estimators by name; metadata ``needs`` (a tuple of :class:`AdvantageInput` fields) and
 ``credit`` (``sequence`` or ``token``)."""
 EPS = 1e-6
-INPUTS = ("rollouts", "tasks", "forks")
+INPUTS = ("rollouts", "tasks", "forks", "hunks")
 """The optional :class:`AdvantageInput` fields an estimator may declare it needs."""
 
 
@@ -59,6 +59,19 @@ class ForkSites:
 
 
 @dataclass
+class HunkValues:
+    """Measured per-hunk credit of each row (:func:`labkit.credit.oracle.shapley_values` of the
+    rollout's diff hunks, run in the sandbox by the loops floor): ``rows[b]`` lists, for each
+    hunk of row ``b``'s code against its buggy code, the completion tokens the hunk covers and
+    its value ``phi``."""
+
+    rows: list[list[tuple[tuple[int, ...], float]]]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
 class AdvantageInput:
     """What an estimator may look at. ``rewards[b]`` is sequence b's scalar score,
     ``groups[b]`` its group id (one task's G samples share an id), ``mask`` the completion
@@ -73,6 +86,8 @@ class AdvantageInput:
     """Row b's task (its ``buggy_code`` is what diffs are taken against)."""
     forks: ForkSites | None = None
     """Counterfactual forks measured on these rows (:class:`ForkSites`)."""
+    hunks: HunkValues | None = None
+    """Per-hunk values measured on these rows (:class:`HunkValues`)."""
 
 
 @dataclass

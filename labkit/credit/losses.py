@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from labkit.credit.registry import Registry
+from labkit.registry import Registry
 
 POLICY_LOSSES: Registry = Registry("policy loss")
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

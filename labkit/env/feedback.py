@@ -752,3 +752,33 @@ def _public_views(tasks: Sequence[RepairTask], codes: Sequence[str],
         for i, r in zip(todo, results):
             views[i] = r
     return views
+
+
+class BuggyBaselines:
+    """Each task's unchanged buggy code scored under a feedback regime, once per task: the
+    precision gate's baseline (:func:`labkit.credit.reshaping.precision_gate` compares a
+    candidate's test term with its buggy code's). Checkpointable (``state_dict``)."""
+
+    def __init__(self, config: FeedbackConfig | None = None, sandbox=None, seed: int = 0):
+        self.config = config or FeedbackConfig()
+        self.sandbox = sandbox
+        self.seed = seed
+        self.components: dict[str, Components] = {}
+
+    def of(self, tasks: Sequence[RepairTask]) -> list[Components]:
+        """The buggy code's components of each task (scored now for tasks not seen before,
+        one batched call)."""
+        todo = list({t.task_id: t for t in tasks if t.task_id not in self.components}.values())
+        if todo:
+            fb = evaluate_many(todo, [t.buggy_code for t in todo], config=self.config,
+                               sandbox=self.sandbox, seed=self.seed)
+            for t, f in zip(todo, fb):
+                self.components[t.task_id] = f.components
+        return [self.components[t.task_id] for t in tasks]
+
+    def state_dict(self) -> dict:
+        return {"components": {k: c.to_dict() for k, c in self.components.items()}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.components = {k: Components.from_dict(c) for k, c in state["components"].items()}
+

@@ -131,32 +131,7 @@ val sets pass at it); at 1 s the one looping candidate most steps hold made the 
 
 
 def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
-    return from_dict(TrainConfig, {
-        "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
-        "policy": {"spec": exp.policy, "reference": "auto"},
-        "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320,
-                     "sampler": exp.sampler, "parallel_chunks": exp.parallel_chunks},
-        "tasks": {"source": "synthetic", "train_problems": exp.train_problems,
-                  "train_split": exp.train_split, "eval_split": exp.split,
-                  "eval_tasks": exp.eval_tasks, "seed": exp.task_seed, "n_bugs": exp.n_bugs,
-                  "multi_hunk": exp.multi_hunk},
-        "feedback": {"mode": exp.feedback},
-        "sandbox": {"test_timeout_s": SYNTHETIC_TEST_TIMEOUT_S},
-        "loss": {"kl_coef": 0.01, "micro_batch_size": 32},
-        "optim": {"lr": exp.lr},
-        "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
-        "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
-    })
-
-
-SYNTHETIC_TEST_TIMEOUT_S = 0.25
-"""The experiments' per-test wall limit (``sandbox.test_timeout_s``; the sandbox's default
-is 1 s). Synthetic references run in microseconds (all 1,463 of the val, test and two-bug
-val sets pass at it); at 1 s the one looping candidate most steps hold made the sandbox phase
-0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
-
-
-def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:
+    """The training config of one run of ``exp`` (seed ``seed``, folder ``run_dir``)."""
     return from_dict(TrainConfig, {
         "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
         "policy": {"spec": exp.policy, "reference": "auto"},

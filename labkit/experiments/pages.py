@@ -247,3 +247,28 @@ def write_figure_html(fig, html: Path) -> Path:
     shared = shared_plotly_js(html.parent)
     fig.write_html(str(html), include_plotlyjs=shared or "directory", full_html=True)
     return html
+
+
+def controls_lines(ctl: Mapping, positive: str, negative: str | None, claim: str,
+                   unable: str) -> list[str]:
+    """The page's reading of a ``controls`` record (:func:`labkit.experiments.stats.controls`):
+    each control's change with its verdict, the MDE, and the answer in one sentence."""
+    rows = [("positive control", positive, ctl.get("positive")),
+            ("negative control", negative, ctl.get("negative")),
+            ("the claim", claim, ctl.get("claim"))]
+    lines = ["| | difference | paired by seed and task | verdict |", "|---|---|---|---|"]
+    for role, label, change in rows:
+        if label and change:
+            lines.append(f"| {role} | {label} | {_cell(change)} | {stats.verdict(change)} |")
+    mde = ctl.get("mde")
+    lines += ["", "Smallest difference this design detects (80% power, two-sided 5%): "
+              + (f"{mde:.3f}." if mde is not None else "n/a (one seed).")]
+    if ctl.get("sensitive"):
+        lines.append("**Yes, this testbed can see an effect of this kind**: the positive control "
+                     "beats the baseline, significant over seeds, by more than that.")
+    else:
+        short = ctl.get("shortfall")
+        lines.append(f"**No: {unable}**" + (f"; the positive control falls short of the smallest "
+                                             f"detectable difference by {short:.3f}." if short is not None
+                                             else "."))
+    return lines

@@ -214,3 +214,30 @@ def summary(xs: Sequence[float]) -> dict:
     """``{"mean", "ci95"}`` of per-seed values (:func:`t_interval`), for the periodic readings."""
     mean, ci = t_interval(list(xs))
     return {"mean": mean, "ci95": ci}
+
+
+def _compact(change: Mapping | None) -> dict | None:
+    if not change:
+        return None
+    keep = ("mean", "ci95", "hierarchical_ci95", "per_seed", "seeds", "tasks", "sd_seeds", "mde", "shown")
+    return {k: change[k] for k in keep if k in change}
+
+
+def controls(positive: Mapping | None, negative: Mapping | None = None,
+             claim: Mapping | None = None) -> dict:
+    """The ``controls`` record of an experiment: ``positive`` (the positive control's paired
+    change against the baseline: a variant known to be better, e.g. oracle credit),
+    ``negative`` (one with no signal, when there is one), ``claim`` (the claimed method's),
+    ``mde`` (the design's minimum detectable effect: the claim's when measured, else the
+    positive control's) and ``sensitive``: could this testbed see the claimed effect? Yes
+    when the positive control is shown up over seeds and larger than the MDE; otherwise
+    ``shortfall`` says by how much it falls short of the MDE."""
+    mde_of = (claim or positive or {}).get("mde")
+    pos_mean = positive["mean"] if positive else None
+    sensitive = bool(positive and shown(positive) and positive["mean"] > 0
+                     and mde_of is not None and positive["mean"] > mde_of)
+    out = {"positive": _compact(positive), "negative": _compact(negative), "claim": _compact(claim),
+           "mde": mde_of, "sensitive": sensitive}
+    if not sensitive and pos_mean is not None and mde_of is not None:
+        out["shortfall"] = mde_of - pos_mean
+    return out

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from labkit.credit.anchors import returns_to_go
-from labkit.credit.registry import Registry
+from labkit.registry import Registry
 from labkit.env.records import Candidate, RepairTask, SandboxResult, TestSuite
 from labkit.env.sandbox import default_sandbox
 from labkit.policy.prompts import build_prompt

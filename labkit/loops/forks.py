@@ -7,10 +7,9 @@ given), scores every fork with the caller's ``score`` function and returns the
 :class:`~labkit.credit.advantages.ForkSites` an estimator reads
 (``dR = R(factual) - R(fork)``), with the forks themselves and their cost.
 
-:class:`ForkCredit` is what a trainer holds when its estimator needs forks: the baseline
-(EMA or frozen), sampling that keeps the caches, the measurement, the KL target, the EMA
-update and its checkpoint state. :class:`NoForks` has the same hooks and does nothing, so
-the trainer never asks which estimator it runs.
+:class:`ForkStage` is the rollout stage (:mod:`labkit.loops.stages`) a trainer runs when
+its estimator needs forks: the baseline (EMA or frozen), sampling that keeps the caches, the
+measurement, the KL target, the EMA update and its checkpoint state.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from labkit.credit.advantages import ForkSites
 from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import RepairTask, Rollout
 from labkit.policy import forking as fk
-from labkit.policy.rollout import SamplingConfig, sample, sample_with_cache
+from labkit.loops.stages import Stage, StepContext
 
 Score = Callable[[Sequence[RepairTask], Sequence[Rollout]], Sequence[float]]
 """``score(tasks, rollouts) -> rewards``, one per rollout (the forks are rollouts too)."""
@@ -131,62 +130,42 @@ def measure_forks(policy, rollouts: Sequence[Rollout], tasks: Sequence[RepairTas
     return ForkMeasurement(sites, batch, rows, counter, [list(p) for p in where], gen_s, exec_s)
 
 
-# ============================================================================= trainer hooks
+# ============================================================================= the stage
 
 
-class NoForks:
-    """The trainer's fork hooks for an estimator that needs no forks: plain sampling, the
-    reference policy as KL target, nothing to update or save."""
+class ForkStage(Stage):
+    """The rollout stage of an estimator that needs forks (``TrainConfig.fork``): sampling
+    that keeps the prefix caches, the forks measured on the step's rollouts, the KL target,
+    the EMA baseline's update and its checkpoint state."""
 
-    active = False
-
-    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
-        return sample(policy, tasks, cfg), None
-
-    def measure(self, *args, **kwargs) -> ForkMeasurement | None:
-        return None
-
-    @contextlib.contextmanager
-    def kl_target(self, policy):
-        with policy.reference() as ref:
-            yield ref
-
-    def after_update(self, policy) -> None:
-        return None
-
-    def save(self, policy, folder: Path) -> None:
-        return None
-
-    def load(self, policy, folder: Path) -> None:
-        return None
-
-
-class ForkCredit(NoForks):
-    """The trainer's fork hooks for an estimator that needs forks (``TrainConfig.fork``)."""
-
-    active = True
+    field, name = "forks", "fork"
+    keeps_caches = True
 
     def __init__(self, policy, cfg: ForkCreditConfig):
         self.cfg = cfg
+        self.last: ForkMeasurement | None = None
         policy.baseline()  # the starting policy: frozen, or the EMA's first value
 
-    def sample(self, policy, tasks: Sequence[RepairTask], cfg: SamplingConfig):
-        """The same tokens as :func:`sample`, keeping the caches for the forks' prefixes."""
-        return sample_with_cache(policy, tasks, cfg)
-
-    def measure(self, policy, rollouts, tasks, factual: Callable[[], Sequence[float]], score: Score,
-                scfg: SamplingConfig, position_seed: int, fork_seed: int, kv=None) -> ForkMeasurement:
-        """Fork this step's rollouts (``factual()``: their rewards, computed only here)."""
-        fc = self.cfg
+    def measure(self, ctx: StepContext) -> ForkSites:
+        """Fork this step's rollouts; the sites are what the estimator reads."""
+        fc, scfg = self.cfg, ctx.sampling
         entropy = None
         if fc.strategy == "entropy":
-            entropy = fk.token_entropy(policy.model, rollouts, policy.tokenizer.pad_token_id,
+            entropy = fk.token_entropy(ctx.policy.model, ctx.rollouts, ctx.policy.tokenizer.pad_token_id,
                                        scfg.temperature)
-        return measure_forks(
-            policy, rollouts, tasks, factual(), score,
-            fk.PositionConfig(fc.strategy, fc.fraction, fc.budget, seed=position_seed),
-            fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size, seed=fork_seed),
-            kv=kv, baseline=policy.baseline(), entropy=entropy)
+
+        def score(tasks, rollouts):
+            return ctx.score(tasks, [r.code for r in rollouts])
+
+        self.last = measure_forks(
+            ctx.policy, ctx.rollouts, ctx.tasks, ctx.factual(), score,
+            fk.PositionConfig(fc.strategy, fc.fraction, fc.budget, seed=ctx.seed("fork-positions")),
+            fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size, seed=ctx.seed("fork")),
+            kv=ctx.kv, baseline=ctx.policy.baseline(), entropy=entropy)
+        return self.last.sites
+
+    def metrics(self, value) -> dict[str, float]:
+        return self.last.metrics() if self.last is not None else {}
 
     @contextlib.contextmanager
     def kl_target(self, policy):

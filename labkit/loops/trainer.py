@@ -1,20 +1,20 @@
 """The GRPO trainer: one readable loop.
 
     for step:
-        tasks    <- pick tasks_per_step training tasks            (uniform or curriculum)
-        rollouts <- sample G completions per task                 (labkit.policy.rollout)
-        results  <- execute every program in the sandbox           (labkit.env.sandbox)
-        comps    <- feedback components per completion             (labkit.env.feedback)
-        forks    <- counterfactual forks, if the estimator needs them  (labkit.loops.forks)
-        R        <- reshaped reward, normalised                   (labkit.credit.reshaping)
-        A        <- advantage estimator [B, T], transformed        (labkit.credit.advantages)
-        update   <- PPO-clip (+ KL to the reference, - entropy)    (labkit.credit.losses)
+        tasks    <- pick tasks_per_step training tasks              (uniform or curriculum)
+        rollouts <- sample G completions per task                   (labkit.policy.rollout)
+        feedback <- run every program in the sandbox, components     (labkit.env.feedback)
+        measured <- the rollout stages the estimator needs          (labkit.loops.stages:
+                    counterfactual forks, hunk values)
+        credit   <- reward -> normalised -> [B, T] advantages        (labkit.credit.pipeline)
+        update   <- PPO-clip (+ KL to the reference, - entropy)      (labkit.credit.losses)
         metrics  -> metrics.jsonl, rollouts.jsonl, events
 
 The loop draws nothing: it emits events (``on_rollout``, ``on_step_end``, ``on_eval``,
 ``on_checkpoint``) and writes a run folder. Everything random is derived from
 ``(seed, step)``, so a run killed at any point and resumed from its last checkpoint
-produces the same metrics as an uninterrupted one (on CPU).
+produces the same metrics as an uninterrupted one (on CPU). Several processes (``accelerate
+launch`` / ``torchrun``) train data-parallel behind one seam (:class:`DataParallel`).
 """
 
 from __future__ import annotations
@@ -35,24 +35,26 @@ from typing import Literal, Sequence
 import torch
 
 from labkit.config import apply_overrides, from_dict, load_yaml, to_dict
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
 from labkit.credit.anchors import anchor_records
-from labkit.credit.fork_credit import needs_forks
 from labkit.credit.losses import POLICY_LOSSES, LossConfig, agg_loss, kl_penalty
-from labkit.credit.reshaping import (CurriculumSampler, Reshaper, ReshapeConfig, check_regime,
-                                     test_term, transform_advantages)
-from labkit.env.feedback import FeedbackConfig, ProgressTracker, evaluate_many, told_pass
+from labkit.credit.pipeline import Credit, CreditInput, baseline_term
+from labkit.credit.reshaping import CurriculumSampler, ReshapeConfig, check_regime
+from labkit.env.feedback import (BuggyBaselines, FeedbackConfig, ProgressTracker, evaluate_many,
+                                 told_pass)
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import Sandbox, SandboxConfig
 from labkit.env.tasks import load_tasks
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
-from labkit.loops.forks import ForkCredit, ForkCreditConfig, NoForks
+from labkit.loops.forks import ForkCreditConfig
+from labkit.loops.hunks import HunkConfig
 from labkit.loops.records import RolloutRecord
+from labkit.loops.stages import Stage, StepContext, stages_for
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
-from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, select_rows,
-                                   sequence_logprobs)
+from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, sample,
+                                   sample_with_cache, select_rows, sequence_logprobs)
 from labkit.seeding import derive_seed, seed_everything
 
 # ============================================================================= config
@@ -135,15 +137,22 @@ class TrainConfig:
     tasks_per_step: int = 8
     """Distinct tasks per update; each gets ``sampling.group_size`` samples (the GRPO group)."""
     estimator: str = "grpo"
-    """Advantage estimator by name: grpo, dr_grpo, rloo, batch_norm, didpo (and its
-    ablations didpo_no_ae, didpo_no_ad, didpo_whole_diff, didpo_additive_gs), didpo_fork
-    (and didpo_fork_no_ae), which makes counterfactual forks every step (``fork``)."""
+    """Advantage estimator by name, one of
+    :data:`labkit.credit.advantages.ADVANTAGE_ESTIMATORS` (docs/reference.md lists each with
+    its equation and what it needs). An estimator that needs forks or hunk values switches on
+    its rollout stage (``fork``, ``hunks``)."""
     estimator_options: dict = field(default_factory=dict)
     """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo, {lam: 1.0,
     normalise: rms, spread: hunk} for didpo_fork."""
+    match_scale: bool = False
+    """Rescale each group's advantages to the RMS GRPO's would have on the same tokens
+    (:func:`labkit.credit.pipeline.match_grpo_rms`): compares estimators at equal step size."""
     fork: ForkCreditConfig = field(default_factory=ForkCreditConfig)
     """How forks are made when the estimator needs them (didpo_fork): positions, the
     baseline policy (EMA or frozen) and whether the KL term targets it. Unused otherwise."""
+    hunks: HunkConfig = field(default_factory=HunkConfig)
+    """How hunk values are measured when the estimator needs them (oracle_hunk). Unused
+    otherwise."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """The model: ``tiny`` or a local Hugging Face folder, LoRA, the KL reference."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -249,26 +258,17 @@ class Trainer:
         o = cfg.optim
         self.opt = torch.optim.AdamW(self.params, lr=o.lr, weight_decay=o.weight_decay,
                                      betas=tuple(o.betas), fused=o.fused or None)
-        # Data parallel (``accelerate launch`` / ``torchrun``): every process samples its
-        # own tasks, DDP all-reduces the gradients; process 0 writes the run folder.
-        self.world, self.rank, self.accel = 1, 0, None
-        self.train_model = self.policy.model
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from accelerate import Accelerator
-
-            self.accel = Accelerator(cpu=self.policy.device.type == "cpu")
-            self.world, self.rank = self.accel.num_processes, self.accel.process_index
-            self.train_model, self.opt = self.accel.prepare(self.policy.model, self.opt)
-        self.is_main = self.rank == 0
+        self.dist = DataParallel(self.policy, self.opt)  # one process: a no-op seam
+        self.opt, self.train_model = self.dist.opt, self.dist.model
+        self.world, self.rank, self.is_main = self.dist.world, self.dist.rank, self.dist.rank == 0
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
-        self.reshaper = Reshaper(cfg.reshape)
+        self.credit = Credit(cfg.reshape, cfg.estimator, cfg.estimator_options, cfg.match_scale)
         self.progress = ProgressTracker(cfg.feedback.progress_patience, cfg.feedback.progress_bonus)
         self.curriculum = CurriculumSampler() if cfg.curriculum else None
+        self.baselines = BuggyBaselines(cfg.feedback, sandbox, seed=derive_seed(cfg.seed, "buggy"))
+        self.stages: list[Stage] = stages_for(cfg.estimator, self.policy, cfg.fork, cfg.hunks)
         self.step = 0
         self._stop = False
-        self._buggy_r_test: dict[str, float] = {}
-        # estimators that need counterfactual forks get the fork hooks; the others plain ones
-        self.forks = ForkCredit(self.policy, cfg.fork) if needs_forks(cfg.estimator) else NoForks()
 
     # ------------------------------------------------------------------ setup helpers
     def _load_tasks(self, which: str) -> list[RepairTask]:
@@ -301,9 +301,11 @@ class Trainer:
             return 1.0 - (1.0 - o.min_lr_ratio) * frac
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
 
-    def _rank_key(self) -> tuple:
-        """Extra seed names per process (none in a single process, so results match)."""
-        return ("rank", self.rank) if self.world > 1 else ()
+    def _seed(self, *names) -> int:
+        """A seed of this step: ``derive_seed(seed, *names, step)``, plus the process's rank
+        when several train (none in a single process, so results match)."""
+        rank = ("rank", self.rank) if self.world > 1 else ()
+        return derive_seed(self.cfg.seed, *names, self.step, *rank)
 
     def request_stop(self) -> None:
         """Stop between steps (after the current one finishes and is logged)."""
@@ -357,87 +359,124 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg, step = self.cfg, self.step
-        t_step = time.time()
-        timings = {}
+        t_step, timings = time.time(), {}
 
         # -- pick tasks --------------------------------------------------------------
-        rng = random.Random(derive_seed(cfg.seed, "tasks", step, *self._rank_key()))
+        rng = random.Random(self._seed("tasks"))
         if self.curriculum is not None:
-            tasks = self.curriculum.sample(self.train_tasks, lambda t: ",".join(t.bug_kinds),
-                                           cfg.tasks_per_step, rng)
+            tasks = self.curriculum.sample(self.train_tasks, _bucket, cfg.tasks_per_step, rng)
         else:
             tasks = rng.sample(self.train_tasks, min(cfg.tasks_per_step, len(self.train_tasks)))
 
         # -- generate ----------------------------------------------------------------
         t0 = time.time()
-        scfg = dataclasses.replace(cfg.sampling, seed=derive_seed(cfg.seed, "sample", step, *self._rank_key()))
-        rollouts, kv = self.forks.sample(self.policy, tasks, scfg)  # kv: prefix caches for forks
+        scfg = dataclasses.replace(cfg.sampling, seed=self._seed("sample"))
+        rollouts, kv = self._sample(tasks, scfg)  # kv: prefix caches, when a stage keeps them
         timings["time/generate"] = time.time() - t0
         self.events.emit("on_rollout", trainer=self, step=step, rollouts=rollouts)
 
         # -- execute + feedback --------------------------------------------------------
         t0 = time.time()
         task_of = [tasks[i // scfg.group_size] for i in range(len(rollouts))]
-        if self.reward_fn is not None:
-            fb = [_CustomFeedback(Components.from_dict(c)) for c in self.reward_fn(task_of, rollouts)]
-        else:
-            self._ensure_buggy_baseline(tasks)
-            fb = evaluate_many(task_of, [r.code for r in rollouts], config=cfg.feedback,
-                               sandbox=self.sandbox, progress=self.progress,
-                               seed=derive_seed(cfg.seed, "feedback", step, *self._rank_key()))
+        fb, baselines = self._feedback(task_of, rollouts)
         timings["time/execute"] = time.time() - t0
 
-        # -- counterfactual forks (estimators that need them) ---------------------------------
-        t0 = time.time()
-        forks = self.forks.measure(self.policy, rollouts, task_of, lambda: self._fork_rewards(fb, task_of),
-                                   self._fork_score(step), scfg,
-                                   derive_seed(cfg.seed, "fork-positions", step, *self._rank_key()),
-                                   derive_seed(cfg.seed, "fork", step, *self._rank_key()), kv=kv)
-        fork_info = forks.metrics() if forks is not None else {}
-        if forks is not None:
-            timings["time/fork"] = time.time() - t0
-        del kv  # the caches are large; the update does not need them
+        # -- rollout stages the estimator needs (forks, hunk values) --------------------------
+        measured, stage_metrics = {}, {}
+        ctx = StepContext(step, self.policy, rollouts, task_of,
+                          factual=lambda: self._program_rewards([f.components for f in fb], baselines),
+                          baseline=lambda: self._program_rewards(baselines, baselines),
+                          score=self._score_programs, sampling=scfg, seed=self._seed, kv=kv)
+        for stage in self.stages:
+            t0 = time.time()
+            measured[stage.field] = stage.measure(ctx)
+            timings[f"time/{stage.name}"] = time.time() - t0
+            stage_metrics.update(stage.metrics(measured[stage.field]))
+        del kv, ctx  # the caches are large; the update does not need them
 
-        # -- reward and advantages ----------------------------------------------------
+        # -- credit: reward -> normalised -> [B, T] advantages --------------------------------
         t0 = time.time()
-        comps = [f.components for f in fb]
-        rewards, terms = self.reshaper.rewards(comps, [self._buggy_r_test.get(t.task_id) for t in task_of])
-        norm_rewards, norm_info = self.reshaper.normalise(rewards)
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
-        mask = batch["completion_mask"]
-        credit = compute_advantages(
-            cfg.estimator, AdvantageInput(norm_rewards.to(mask.dtype), [r.task_id for r in rollouts],
-                                          mask.cpu(), rollouts=rollouts, tasks=task_of,
-                                          forks=forks.sites if forks is not None else None),
-            **cfg.estimator_options)
-        adv_metrics = credit.metrics
-        adv = transform_advantages(credit.advantages, cfg.reshape).to(mask.device) * mask
+        credit = self.credit(CreditInput([f.components for f in fb], [r.task_id for r in rollouts],
+                                         batch["completion_mask"], baselines, rollouts=rollouts,
+                                         tasks=task_of, **measured))
         timings["time/reward"] = time.time() - t0
 
         # -- update ---------------------------------------------------------------------
         t0 = time.time()
+        mask = batch["completion_mask"]
         old_logp = torch.zeros_like(mask)
         for b, r in enumerate(rollouts):
             old_logp[b, :len(r.logprobs)] = torch.tensor(r.logprobs, dtype=mask.dtype)
-        upd = self._update(batch, old_logp, adv, scfg.temperature)
-        self.forks.after_update(self.policy)  # the EMA baseline follows the policy
+        upd = self._update(batch, old_logp, credit.advantages, scfg.temperature)
+        for stage in self.stages:
+            stage.after_update(self.policy)  # e.g. the fork baseline's EMA follows the policy
         timings["time/update"] = time.time() - t0
         self.sched.step()
-        self.reshaper.advance()
-        if self.curriculum is not None:
+        self.credit.advance()
+        if self.curriculum is not None:  # steered by what the regime told, not the hidden tests
             for t, f in zip(task_of, fb):
-                self.curriculum.update(",".join(t.bug_kinds), float(told_pass(f.components)))
+                self.curriculum.update(_bucket(t), float(told_pass(f.components)))
 
         # -- metrics ----------------------------------------------------------------------
         self.step += 1
+        row = self._metrics(rollouts, fb, credit, upd, stage_metrics, timings, t_step)
+        records = self._records(rollouts, task_of, fb, baselines, credit)
+        if self.is_main:
+            self.run.append("metrics.jsonl", row)
+            self._log_rollouts(records)
+            self._log_anchors(credit.artifacts.get("anchors"))
+        self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
+        return row
+
+    # ------------------------------------------------------------------ step pieces
+    def _sample(self, tasks: Sequence[RepairTask], scfg: SamplingConfig):
+        """The step's rollouts, and the prefix caches when a stage keeps them (else None)."""
+        if any(s.keeps_caches for s in self.stages):
+            return sample_with_cache(self.policy, tasks, scfg)
+        return sample(self.policy, tasks, scfg), None
+
+    def _feedback(self, task_of: Sequence[RepairTask], rollouts: Sequence[Rollout]):
+        """Each row's feedback (components and sandbox result) and its task's buggy-code
+        baseline (``None`` with a custom ``reward_fn``)."""
+        if self.reward_fn is not None:
+            comps = self.reward_fn(task_of, rollouts)
+            return [_CustomFeedback(Components.from_dict(c)) for c in comps], [None] * len(rollouts)
+        baselines = self.baselines.of(task_of)
+        fb = evaluate_many(task_of, [r.code for r in rollouts], config=self.cfg.feedback,
+                           sandbox=self.sandbox, progress=self.progress, seed=self._seed("feedback"))
+        return fb, baselines
+
+    def _program_rewards(self, components, baselines) -> list[float]:
+        """Rewards of programs as a stage compares them with the step's: the step's recipe
+        without the one-off ``r_progress`` bonus (it belongs to the step, not to the program)."""
+        comps = [{**c, "r_progress": 0.0} if c is not None else {"r_test": 0.0, "r_pass": 0.0}
+                 for c in components]
+        return self.credit.rewards(comps, baselines)[0].tolist()
+
+    def _score_programs(self, tasks: Sequence[RepairTask], codes: Sequence[str]) -> list[float]:
+        """A stage's programs (forks, hunk subsets) executed and rewarded like a step's own."""
+        if self.reward_fn is not None:
+            rolls = [Rollout(task_id=t.task_id, sample=i, prompt="", prompt_ids=[], completion_ids=[],
+                             logprobs=[], completion=c, code=c, code_start=0, offsets=[], finished=True)
+                     for i, (t, c) in enumerate(zip(tasks, codes))]
+            return self._program_rewards(self.reward_fn(list(tasks), rolls), [None] * len(codes))
+        fb = evaluate_many(tasks, list(codes), config=self.cfg.feedback, sandbox=self.sandbox,
+                           seed=derive_seed(self.cfg.seed, "fork-feedback", self.step))
+        return self._program_rewards([f.components for f in fb], self.baselines.of(tasks))
+
+    def _metrics(self, rollouts, fb, credit, upd: dict, stage_metrics: dict, timings: dict,
+                 t_step: float) -> dict:
+        """The step's row of ``metrics.jsonl`` (flat, namespaced: ``reward/*``, ``adv/*``, ...)."""
+        comps = [f.components for f in fb]
         groups = defaultdict(list)
         for r in rollouts:
             groups[r.task_id].append(r.code)
+        terms = credit.terms
         row = {"step": self.step,
-               **M.reward_metrics(rewards.tolist(), comps),
+               **M.reward_metrics(credit.rewards.tolist(), comps),
                **{f"reward_term/{k}": sum(t[k] for t in terms) / len(terms) for k in terms[0]},
-               **{k: v for k, v in norm_info.items() if k != "reshape/norm"},
-               **adv_metrics, **upd,
+               **credit.metrics, **upd,
                "train/pass_at_1": sum(f.components["r_pass"] for f in fb) / len(fb),
                **M.length_metrics([r.n_tokens for r in rollouts], [r.finished for r in rollouts]),
                **M.diversity_metrics(groups),
@@ -446,47 +485,19 @@ class Trainer:
                                     for f in fb], [f.components["r_compile"] for f in fb]),
                **M.status_metrics([f.result.status.value for f in fb if f.result is not None]),
                "lr": self.opt.param_groups[0]["lr"],
-               **fork_info, **timings, "time/step": time.time() - t_step}
+               **stage_metrics, **timings, "time/step": time.time() - t_step}
         if "time/fork" in timings:  # what forking adds to a step without it
             row["fork/extra_cost"] = timings["time/fork"] / max(row["time/step"] - timings["time/fork"], 1e-9)
         row["dist/world_size"] = self.world
-        records = self._records(rollouts, task_of, fb, rewards, adv)
-        if self.is_main:
-            self.run.append("metrics.jsonl", row)
-            self._log_rollouts(records)
-            self._log_anchors(credit.artifacts.get("anchors"))
-        self.events.emit("on_step_end", trainer=self, step=self.step, metrics=row, records=records)
         return row
 
-    def _ensure_buggy_baseline(self, tasks: Sequence[RepairTask]) -> None:
-        """The test signal (:func:`test_term`, under the run's feedback regime) of each task's
-        unchanged buggy code: the precision gate's baseline."""
-        todo = [t for t in tasks if t.task_id not in self._buggy_r_test]
-        if todo:
-            fb = evaluate_many(todo, [t.buggy_code for t in todo], config=self.cfg.feedback,
-                               sandbox=self.sandbox, seed=derive_seed(self.cfg.seed, "buggy"))
-            for t, f in zip(todo, fb):
-                self._buggy_r_test[t.task_id] = test_term(f.components, self.cfg.reshape)
-
-    def _fork_rewards(self, fb, task_of: Sequence[RepairTask]) -> list[float]:
-        """The factual reward of every row as forks are compared with it: reshaped like the
-        step's reward, without the one-off ``r_progress`` bonus (it belongs to the step, not
-        to the program)."""
-        buggy = [self._buggy_r_test.get(t.task_id) for t in task_of]
-        return self.reshaper.rewards([{**f.components, "r_progress": 0.0} for f in fb], buggy)[0].tolist()
-
-    def _fork_score(self, step: int):
-        """``score(tasks, forks)``: each fork executed and reshaped like a factual rollout."""
-        def score(tasks: Sequence[RepairTask], rollouts: Sequence[Rollout]) -> list[float]:
-            if self.reward_fn is not None:
-                comps = [Components.from_dict(c) for c in self.reward_fn(list(tasks), list(rollouts))]
-            else:
-                comps = [f.components for f in evaluate_many(
-                    tasks, [r.code for r in rollouts], config=self.cfg.feedback, sandbox=self.sandbox,
-                    seed=derive_seed(self.cfg.seed, "fork-feedback", step))]
-            buggy = [self._buggy_r_test.get(t.task_id) for t in tasks]
-            return self.reshaper.rewards([{**c, "r_progress": 0.0} for c in comps], buggy)[0].tolist()
-        return score
+    def _kl_target(self):
+        """The policy the KL term is measured against: the reference, unless a stage moves it
+        (the fork baseline under ``fork.kl_to_baseline``)."""
+        for stage in self.stages:
+            if type(stage).kl_target is not Stage.kl_target:
+                return stage.kl_target(self.policy)
+        return Stage().kl_target(self.policy)
 
     @property
     def loss_horizon(self) -> int:
@@ -508,19 +519,14 @@ class Trainer:
         t0 = time.perf_counter()
         if cfg.kl_coef > 0:
             ref_logp = torch.zeros_like(mask)  # [B, T]
-            with torch.no_grad(), self.forks.kl_target(self.policy) as ref:
+            with torch.no_grad(), self._kl_target() as ref:
                 for mb, sub in zip(mbs, subs):
                     lp = sequence_logprobs(ref, sub, temperature, engine=cfg.engine)[0]
                     ref_logp[mb, :lp.shape[1]] = lp
         clock["reference"] += time.perf_counter() - t0
         loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
         horizon = self.loss_horizon
-        weight_total = _agg_weight(mask, cfg.agg)
-        scale = 1.0
-        if self.world > 1:  # normalise by the global aggregate; DDP averages over processes
-            t = torch.tensor([weight_total], dtype=torch.float64)
-            torch.distributed.all_reduce(t)
-            weight_total, scale = float(t), float(self.world)
+        weight_total, scale = self.dist.global_weight(_agg_weight(mask, cfg.agg))
         model.train()
         acc: dict[str, list[float]] = defaultdict(list)
         for _ in range(cfg.epochs):
@@ -545,7 +551,7 @@ class Trainer:
                     loss = loss - cfg.entropy_coef * agg_loss(ent, m, cfg.agg, horizon)
                 share = _agg_weight(m, cfg.agg) / max(weight_total, 1e-12)
                 last = mb is mbs[-1]
-                sync = contextlib.nullcontext() if (self.accel is None or last) else self.accel.no_sync(model)
+                sync = self.dist.no_sync(model, last)
                 t1 = time.perf_counter()
                 clock["forward"] += t1 - t0
                 with sync:
@@ -585,7 +591,7 @@ class Trainer:
         return row
 
     # ------------------------------------------------------------------ records
-    def _records(self, rollouts: list[Rollout], tasks, fb, rewards, adv) -> list[dict]:
+    def _records(self, rollouts: list[Rollout], tasks, fb, baselines, credit) -> list[dict]:
         """The step's :class:`RolloutRecord` rows (as dicts: what ``rollouts.jsonl`` holds)."""
         out = []
         for b, (r, t, f) in enumerate(zip(rollouts, tasks, fb)):
@@ -594,9 +600,10 @@ class Trainer:
                 step=self.step, task_id=r.task_id, sample=r.sample, buggy_code=t.buggy_code,
                 completion=r.completion, code=r.code, code_start=r.code_start,
                 offsets=[list(o) for o in r.offsets], token_ids=r.completion_ids,
-                logprobs=r.logprobs, components=f.components.to_dict(), reward=float(rewards[b]),
-                buggy_r_test=self._buggy_r_test.get(r.task_id),
-                advantages=adv[b, :r.n_tokens].tolist(),
+                logprobs=r.logprobs, components=f.components.to_dict(),
+                reward=float(credit.rewards[b]),
+                buggy_r_test=baseline_term(baselines[b], self.cfg.reshape),
+                advantages=credit.advantages[b, :r.n_tokens].tolist(),
                 status=res.status.value if res is not None else "custom",
                 tests=[[o.name, o.ok] for o in res.outcomes] if res is not None else [],
                 tests_total=res.total if res is not None else None,
@@ -635,12 +642,13 @@ class Trainer:
         torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                     "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
                    tmp / "optim.pt")
-        state = {"step": self.step, "reshaper": self.reshaper.state_dict(),
+        state = {"step": self.step, "reshaper": self.credit.state_dict(),
                  "progress": self.progress.state_dict(),
                  "curriculum": self.curriculum.state_dict() if self.curriculum else None,
-                 "buggy_r_test": self._buggy_r_test, "lora": self.policy.is_lora}
+                 "baselines": self.baselines.state_dict(), "lora": self.policy.is_lora}
         (tmp / "state.json").write_text(json.dumps(state))
-        self.forks.save(self.policy, tmp)  # the fork baseline, when the estimator forks
+        for stage in self.stages:
+            stage.save(self.policy, tmp)  # e.g. the fork baseline
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -708,13 +716,17 @@ class Trainer:
         self.sched.load_state_dict(opt_state["scheduler"])
         torch.set_rng_state(opt_state["torch_rng"])
         random.setstate(opt_state["python_rng"])
-        self.reshaper.load_state_dict(state["reshaper"])
+        self.credit.load_state_dict(state["reshaper"])
         self.progress.load_state_dict(state["progress"])
         if self.curriculum is not None and state["curriculum"]:
             self.curriculum.load_state_dict(state["curriculum"])
-        self._buggy_r_test = dict(state["buggy_r_test"])
+        if "baselines" not in state:
+            raise CheckpointError(f"checkpoint {path} was written by an older labkit (no buggy-code "
+                                  "baselines); train the run again")
+        self.baselines.load_state_dict(state["baselines"])
         try:
-            self.forks.load(self.policy, path)  # the fork baseline, when the estimator forks
+            for stage in self.stages:
+                stage.load(self.policy, path)  # e.g. the fork baseline
         except FileNotFoundError as e:
             raise CheckpointError(f"{e} (estimator {self.cfg.estimator!r})") from None
         self.step = int(state["step"])
@@ -725,6 +737,42 @@ class Trainer:
 
 
 # ============================================================================= helpers
+
+
+class DataParallel:
+    """The one seam for several processes (``accelerate launch`` / ``torchrun``): every process
+    samples its own tasks, DDP all-reduces the gradients, process 0 writes the run folder. In
+    one process every method is a no-op and ``model`` is the policy's own model."""
+
+    def __init__(self, policy, opt):
+        self.world, self.rank, self.accel = 1, 0, None
+        self.model, self.opt = policy.model, opt
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import Accelerator
+
+            self.accel = Accelerator(cpu=policy.device.type == "cpu")
+            self.world, self.rank = self.accel.num_processes, self.accel.process_index
+            self.model, self.opt = self.accel.prepare(policy.model, opt)
+
+    def global_weight(self, weight: float) -> tuple[float, float]:
+        """The loss aggregate's weight over every process, and the factor that undoes DDP's
+        averaging of the gradients (``world``); ``(weight, 1)`` in one process."""
+        if self.world == 1:
+            return weight, 1.0
+        t = torch.tensor([weight], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return float(t), float(self.world)
+
+    def no_sync(self, model, last: bool):
+        """Skip DDP's gradient all-reduce on every micro-batch but the last."""
+        if self.accel is None or last:
+            return contextlib.nullcontext()
+        return self.accel.no_sync(model)
+
+
+def _bucket(task: RepairTask) -> str:
+    """The curriculum's bucket of a task: its bug kinds."""
+    return ",".join(task.bug_kinds)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.nn.functional as F
 
-from labkit.credit.registry import Registry
+from labkit.registry import Registry
 from labkit.env.records import RepairTask
 from labkit.loops.metrics import average_ranks
 from labkit.policy.loading import (PolicyLoadError, load_tokenizer, lora_targets_for,
