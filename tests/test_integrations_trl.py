@@ -56,6 +56,11 @@ def test_didpo_trainer_gives_labkits_per_token_credit(tmp_path):
     want = compute_advantages("didpo", AdvantageInput(c["rewards"], c["groups"], c["mask"],
                                                       rollouts=c["rollouts"], tasks=c["tasks"]))
     assert torch.allclose(c["advantages"], want.advantages)
+    # the logged anchor metrics (summed per process, one process here) are the estimator's
+    logged = [row for row in trainer.state.log_history if "didpo/count" in row][-1]
+    for key in ("count", "mean_group_size", "mean_gs", "token_coverage", "ad_nonzero_frac"):
+        assert logged[f"didpo/{key}"] == pytest.approx(want.metrics[f"anchors/{key}"], abs=1e-12)
+    assert logged["didpo/gather_bytes"] == logged["didpo/gather_s"] == 0.0  # nothing to gather
     # exact offsets: every token's characters are where the decoded text has them
     r = next(r for r in c["rollouts"] if r.offsets)
     assert "".join(r.completion[a:b] for a, b in r.offsets) == r.completion
