@@ -19,8 +19,9 @@ DiDPO credit, with TRL doing generation (vLLM on a GPU) and the sharded training
   the recipe's reward, and logs every component through TRL (``log_metric``).
 * :class:`DiDPOTrainer`: ``GRPOTrainer`` whose sequence advantages are replaced by labkit's
   per-token ``A_E + lambda A_D`` over diff anchors (``labkit.credit.anchors.didpo``), with
-  exact token offsets from the tokenizer. TRL's loss accepts ``(B, T)`` advantages from a
-  subclass (``_compute_loss`` unsqueezes only 1-D ones).
+  exact token offsets from the tokenizer, on any number of processes (each builds the anchors
+  of the groups its rows belong to; docs/scale_out.md). TRL's loss accepts ``(B, T)``
+  advantages from a subclass (``_compute_loss`` unsqueezes only 1-D ones).
 
 TRL is an optional dependency (``pip install 'labkit[trl]'``); nothing else in labkit imports
 this module.

@@ -4,8 +4,9 @@
 on labkit's tasks, on as many processes as ``accelerate launch`` starts (one without it).
 ``--prompts`` is the whole batch's prompt count: each of the ``N`` processes gets
 ``prompts * group / N`` rows (groups may span processes). Writes ``record.json`` (process 0):
-the setup, the wall time and TRL's log of every step, whose ``didpo/gather_bytes`` and
-``didpo/gather_s`` are the cost of the completions' all-gather.
+the setup, the training wall time, the machine's load and TRL's log of every step, whose
+``didpo/gather_bytes`` and ``didpo/gather_s`` (also listed per step as ``gather_bytes`` and
+``gather_s``) are the cost of the completions' all-gather.
 
 ``--completions fixed`` replaces sampling with known completions (TRL's ``rollout_func``):
 sample ``s`` of a task's group is :func:`fixed_completion` ``(task, s)``, whatever process
@@ -19,12 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig
 
 from labkit.env.records import RepairTask
+from labkit.env.tasks import load_tasks
+from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
+from labkit.policy.loading import TINY_DIR
 
 #: The line :func:`fixed_completion` adds as a stray edit.
 STRAY_LINE = "CHECKED = True"
@@ -102,14 +110,6 @@ def _dump_rows(trainer, reward, step: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Train, write ``record.json`` (process 0), return the record."""
-    from accelerate import PartialState
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig
-
-    from labkit.env.tasks import load_tasks
-    from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
-    from labkit.policy.loading import TINY_DIR
-
     args = parse_args(argv)
     state = PartialState(cpu=not torch.cuda.is_available())
     rows = args.prompts * args.group
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     reward = SandboxReward(feedback=args.feedback, recipe_name=args.recipe, keep=args.steps)
     rollout = None
     if args.completions == "fixed":
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental
         rollout = fixed_rollout(dict(zip(dataset["prompt"], tasks)))
     trainer = DiDPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=dataset,
                            processing_class=tok, rollout_func=rollout,
@@ -158,8 +159,10 @@ def main(argv: list[str] | None = None) -> dict:
         "completions": args.completions, "model": Path(model_dir).name, "train_s": wall,
         "gather_bytes": [r["didpo/gather_bytes"] for r in steps],
         "gather_s": [r["didpo/gather_s"] for r in steps],
+        "step_s": [r.get("step_time") for r in steps],
         "completion_mean_length": [r.get("completions/mean_length") for r in steps],
-        "torch_threads": torch.get_num_threads(), "log_history": trainer.state.log_history}
+        "torch_threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
+        "log_history": trainer.state.log_history}
     if args.dump:
         with open(out / f"rows.{state.process_index}.jsonl", "w") as f:
             f.writelines(json.dumps(d) + "\n" for d in dumped)
