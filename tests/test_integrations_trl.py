@@ -1,5 +1,13 @@
 """labkit inside TRL: GRPOTrainer with labkit's sandbox reward, and the DiDPO subclass, two
-steps each on the tiny model; rewards and per-token credit equal labkit's own."""
+steps each on the tiny model; rewards and per-token credit equal labkit's own; DiDPO on two
+CPU processes under `accelerate launch` equals one process."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +16,9 @@ from trl import GRPOTrainer
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.env.feedback import FeedbackConfig, evaluate_many
 from labkit.env.tasks import load_tasks
-from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
+from labkit.integrations.trl import DiDPOTrainer, SandboxReward, group_rows, task_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _setup(tmp_path, trainer_cls, reward, **extra):
@@ -56,7 +66,127 @@ def test_didpo_trainer_gives_labkits_per_token_credit(tmp_path):
     want = compute_advantages("didpo", AdvantageInput(c["rewards"], c["groups"], c["mask"],
                                                       rollouts=c["rollouts"], tasks=c["tasks"]))
     assert torch.allclose(c["advantages"], want.advantages)
+    # the logged anchor metrics (summed per process, one process here) are the estimator's
+    logged = [row for row in trainer.state.log_history if "didpo/count" in row][-1]
+    for key in ("count", "mean_group_size", "mean_gs", "token_coverage", "ad_nonzero_frac"):
+        assert logged[f"didpo/{key}"] == pytest.approx(want.metrics[f"anchors/{key}"], abs=1e-12)
+    assert logged["didpo/gather_bytes"] == logged["didpo/gather_s"] == 0.0  # nothing to gather
     # exact offsets: every token's characters are where the decoded text has them
     r = next(r for r in c["rollouts"] if r.offsets)
     assert "".join(r.completion[a:b] for a, b in r.offsets) == r.completion
     assert reward.history[-1]["rewards"] == pytest.approx(c["rewards"].tolist())
+
+
+def test_group_rows_against_a_naive_scan():
+    assert group_rows(0, 6, 4) == (0, 8) and group_rows(1, 6, 4) == (4, 12)
+    assert group_rows(2, 8, 4) == (16, 24)  # whole groups: the process's own rows
+    for rows in range(1, 9):
+        for G in range(1, 7):
+            for p in range(4):
+                mine = range(p * rows, (p + 1) * rows)
+                groups = {r // G for r in mine}
+                want = (min(groups) * G, (max(groups) + 1) * G)
+                assert group_rows(p, rows, G) == want, (p, rows, G)
+
+
+def test_didpo_credit_of_a_slice_keeps_the_whole_batchs_pair_draws():
+    """One process's rows are a slice of the batch: numbered from their first group, their
+    credit is the whole batch's even where the estimator aligns only some pairs of roots."""
+    from transformers import AutoTokenizer
+
+    from labkit.integrations.credit import didpo_credit
+    from labkit.policy.loading import TINY_DIR
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_DIR))
+    stray = ["import os", "print('hello world')", "CACHE = {}", "LIMIT = 10 ** 6", "assert True",
+             "names = sorted(globals())"]
+    G = len(stray)
+    rows = [(t, s) for t in load_tasks("synthetic", "train", n=3, seed=0) for s in range(G)]
+    texts = [f"```python\n{t.reference_code.rstrip()}\n\n{stray[s]}\n{stray[(s + 1) % G]}\n```\n"
+             for t, s in rows]  # sample s shares one stray line with s - 1 and one with s + 1
+    ids = [tok(x, add_special_tokens=False)["input_ids"] for x in texts]
+    T = max(map(len, ids))
+    id_t = torch.tensor([i + [tok.pad_token_id] * (T - len(i)) for i in ids])
+    mask = torch.tensor([[1.0] * len(i) + [0.0] * (T - len(i)) for i in ids])
+    rewards = torch.tensor([float(s) for _, s in rows], dtype=torch.float64)
+    groups, tasks = [r // G for r in range(len(rows))], [t for t, _ in rows]
+    opts = {"pair_budget": 1}  # one of the 15 pairs of each group is aligned, drawn by number
+    whole, _ = didpo_credit(tok, id_t, mask, rewards, groups, tasks, **opts)
+    part, _ = didpo_credit(tok, id_t[G:], mask[G:], rewards[G:], groups[G:], tasks[G:],
+                           first_group=1, **opts)
+    assert torch.equal(part.advantages, whole.advantages[G:])
+    assert sorted(part.artifacts["anchors"]) == [1, 2]
+    renumbered, _ = didpo_credit(tok, id_t[G:], mask[G:], rewards[G:], groups[G:], tasks[G:],
+                                 **opts)
+    assert not torch.equal(renumbered.advantages, whole.advantages[G:])  # the draws differ
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rows(folder: Path, process: int) -> list[dict]:
+    lines = (folder / f"rows.{process}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_didpo_trainer_on_two_processes_equals_one(tmp_path):
+    """`accelerate launch` with two CPU processes (gloo) against one process, both training on
+    the same known completions: 3 prompts x 4 per step, 6 rows a process, so the middle group
+    spans the two processes and its anchors need the other process's completions."""
+    from labkit.integrations import trl_run
+
+    run = ["--completions", "fixed", "--dump", "--prompts", "3", "--group", "4", "--tasks", "6",
+           "--steps", "3", "--optim", "sgd", "--lr", "0.1"]
+    launch = Path(sys.executable).with_name("accelerate")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    two = subprocess.Popen(
+        [str(launch), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--main_process_port", str(_free_port()), "-m", "labkit.integrations.trl_run",
+         "--out", str(tmp_path / "two"), *run],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = trl_run.main(["--out", str(tmp_path / "one"), *run])  # meanwhile, one process here
+    log, _ = two.communicate(timeout=600)
+    assert two.returncode == 0, log[-3000:]
+    rec = json.loads((tmp_path / "two" / "record.json").read_text())
+    assert (rec["processes"], rec["backend"], rec["rows_per_process"]) == (2, "gloo", 6)
+    assert one["processes"] == 1
+    ones, twos = _rows(tmp_path / "one", 0), [_rows(tmp_path / "two", p) for p in (0, 1)]
+    for step, ref in enumerate(ones):
+        p0, p1 = twos[0][step], twos[1][step]
+        assert p0["rows"] + p1["rows"] == ref["rows"] == list(range(12))
+        assert p0["completion_ids"] + p1["completion_ids"] == ref["completion_ids"]
+        assert p0["rewards"] + p1["rewards"] == ref["rewards"]
+        # every row's per-token advantages equal the one-process run's, to the last bit
+        assert p0["advantages"] + p1["advantages"] == ref["advantages"]
+        # ... and they are per-token credit: some row's tokens get different advantages
+        assert any(len(set(a)) > 1 for a in ref["advantages"][4:8])
+        # each process scored its own 6 rows once: together, exactly the batch
+        assert len(p0["codes"]) == len(p1["codes"]) == 6
+        assert p0["codes"] + p1["codes"] == ref["codes"]
+        # the logged component means are over both processes' rows
+        logged = [r for r in rec["log_history"] if "labkit/r_test" in r][step]
+        comps = p0["components"] + p1["components"]
+        for key in ("r_test", "r_precision", "noop"):
+            assert logged[f"labkit/{key}"] == pytest.approx(sum(c[key] for c in comps) / 12)
+        ref_logged = [r for r in one["log_history"] if "didpo/count" in r][step]
+        for key in ("count", "mean_group_size", "mean_gs", "token_coverage", "ad_nonzero_frac"):
+            assert logged[f"didpo/{key}"] == pytest.approx(ref_logged[f"didpo/{key}"], abs=1e-12)
+        # the gather: every row's length (int64) and its ids (int32) padded to the longest
+        width = max(len(ids) for ids in ref["completion_ids"])
+        assert logged["didpo/gather_bytes"] == 12 * 8 + 12 * width * 4
+        assert logged["didpo/gather_s"] > 0
+    w1 = torch.load(tmp_path / "one" / "weights.pt")
+    w2 = torch.load(tmp_path / "two" / "weights.pt")
+    from transformers import AutoModelForCausalLM
+
+    from labkit.policy.loading import TINY_DIR
+
+    w0 = AutoModelForCausalLM.from_pretrained(str(TINY_DIR), dtype=torch.float32).state_dict()
+    moved = sum(float((w1[k] - w0[k]).norm()) ** 2 for k in w1) ** 0.5
+    apart = sum(float((w1[k] - w2[k]).norm()) ** 2 for k in w1) ** 0.5
+    assert moved > 1e-2 and apart < 1e-3 * moved  # SGD: float noise stays float noise
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-5) for k in w1)

@@ -33,15 +33,19 @@ def rollout_from_ids(tokenizer, ids: Sequence[int], task_id: str, sample: int) -
 
 
 def didpo_credit(tokenizer, ids: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,
-                 groups: Sequence[Hashable], tasks: Sequence[RepairTask],
+                 groups: Sequence[Hashable], tasks: Sequence[RepairTask], first_group: int = 0,
                  **options) -> tuple[AdvantageOutput, list[Rollout]]:
     """labkit's ``didpo`` advantages for right-padded completions.
 
     ``ids``/``mask`` are ``[B, T]`` (row b's completion is ``ids[b, :mask[b].sum()]``),
     ``rewards`` ``[B]`` scalar scores, ``groups[b]`` the id shared by one prompt's samples
-    (any hashable, in any row order), ``tasks[b]`` row b's task. ``options`` go to the
-    estimator (``lam``, ``eta``, ...). Returns the estimator's output (``advantages [B, T]``,
-    0 at padding) and the rollouts it was computed from."""
+    (any hashable, in any row order), ``tasks[b]`` row b's task. The groups are numbered
+    ``first_group, first_group + 1, ...`` in order of first appearance; the estimator seeds
+    group k's pair draws with its number, so rows that are a slice of a larger batch (one
+    process's share) pass the number of their first group there and get the whole batch's
+    draws. ``options`` go to the estimator (``lam``, ``eta``, ...). Returns the estimator's
+    output (``advantages [B, T]``, 0 at padding; ``artifacts["anchors"]`` keyed by group
+    number) and the rollouts it was computed from."""
     if not (len(ids) == len(mask) == len(rewards) == len(groups) == len(tasks)):
         raise ValueError(f"didpo_credit: {len(ids)} id rows, {len(mask)} mask rows, "
                          f"{len(rewards)} rewards, {len(groups)} group ids and {len(tasks)} tasks; "
@@ -55,7 +59,7 @@ def didpo_credit(tokenizer, ids: torch.Tensor, mask: torch.Tensor, rewards: torc
         seen[group] = sample + 1
         n = int(mask[b].sum())
         rollouts.append(rollout_from_ids(tokenizer, ids[b, :n].tolist(), task.task_id, sample))
-    index = {g: k for k, g in enumerate(dict.fromkeys(groups))}
+    index = {g: first_group + k for k, g in enumerate(dict.fromkeys(groups))}
     out = compute_advantages("didpo", AdvantageInput(
         rewards.detach().cpu().double(), [index[g] for g in groups], mask,
         rollouts=rollouts, tasks=list(tasks)), **options)

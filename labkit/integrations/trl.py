@@ -19,8 +19,9 @@ DiDPO credit, with TRL doing generation (vLLM on a GPU) and the sharded training
   the recipe's reward, and logs every component through TRL (``log_metric``).
 * :class:`DiDPOTrainer`: ``GRPOTrainer`` whose sequence advantages are replaced by labkit's
   per-token ``A_E + lambda A_D`` over diff anchors (``labkit.credit.anchors.didpo``), with
-  exact token offsets from the tokenizer. TRL's loss accepts ``(B, T)`` advantages from a
-  subclass (``_compute_loss`` unsqueezes only 1-D ones).
+  exact token offsets from the tokenizer, on any number of processes (each builds the anchors
+  of the groups its rows belong to; docs/scale_out.md). TRL's loss accepts ``(B, T)``
+  advantages from a subclass (``_compute_loss`` unsqueezes only 1-D ones).
 
 TRL is an optional dependency (``pip install 'labkit[trl]'``); nothing else in labkit imports
 this module.
@@ -29,6 +30,7 @@ this module.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +76,11 @@ class SandboxReward(SandboxScorer):
     under the ``feedback`` regime), and return the recipe's reward
     (:class:`~labkit.integrations.scoring.SandboxScorer`). Every component's batch mean goes to
     TRL's logs as ``labkit/<component>``. ``history`` keeps the last ``keep`` calls (tasks,
-    codes, rewards) for inspection and tests."""
+    codes, rewards, components) for inspection and tests.
+
+    On several processes TRL calls the reward on each with that process's rows only, so every
+    completion runs in one sandbox once; TRL averages the logged means over processes, which
+    is the mean over all rows since every process holds the same number of rows."""
 
     def __init__(self, feedback: str | FeedbackConfig = "dense", recipe_name: str | ReshapeConfig = "raw",
                  sandbox=None, keep: int = 8):
@@ -95,23 +101,77 @@ class SandboxReward(SandboxScorer):
             for key in comps[0]:
                 log_metric(f"labkit/{key}", sum(c[key] for c in comps) / len(comps))
         self.history = (self.history + [{"tasks": tasks, "codes": codes, "rewards": rewards,
+                                         "components": comps,
                                          "completions": [_completion_text(c) for c in completions],
                                          "step": step}])[-self.keep:]
         return rewards
 
 
+def group_rows(process: int, rows: int, group_size: int) -> tuple[int, int]:
+    """The batch rows ``[lo, hi)`` of the groups that one process's rows belong to.
+
+    TRL orders the batch by process: process ``p`` holds rows ``[p B, (p + 1) B)`` of ``N B``
+    (``B = rows``), and group ``g`` is rows ``[g G, (g + 1) G)`` (``G = group_size``). So
+    ``lo = floor(p B / G) G`` and ``hi = ceil((p + 1) B / G) G``; the span is the process's
+    own rows exactly when ``B`` is a multiple of ``G``."""
+    if rows < 1 or group_size < 1 or process < 0:
+        raise ValueError(f"group_rows: process {process}, {rows} rows, group size {group_size}; "
+                         "need a process index >= 0 and rows, group size >= 1")
+    first, last = process * rows, (process + 1) * rows
+    return first // group_size * group_size, -(-last // group_size) * group_size
+
+
+def anchor_sums(anchors: dict, group_size: int, own: tuple[int, int]) -> dict[str, float]:
+    """Additive parts of the ``anchors/*`` metrics over one process's share.
+
+    ``anchors`` maps group number ``g`` to its anchors (``didpo``'s ``artifacts["anchors"]``),
+    member ``m`` of group ``g`` being batch row ``g G + m.rollout``; ``own`` is the process's
+    rows ``[first, last)``. A group counts where its first row is (``count``, ``n``, ``gs``:
+    the number of anchors, the sum of their group sizes and of their GS); tokens count in
+    the row that holds them (``covered``: tokens under an anchor, ``ad_nonzero``: those whose
+    ``A_D != 0``; an anchor's tokens in one rollout are disjoint from every other's). Summed
+    over processes: ``count``, ``mean_group_size = n / count``, ``mean_gs = gs / count``,
+    ``token_coverage = covered / tokens``, ``ad_nonzero_frac = ad_nonzero / tokens``."""
+    first, last = own
+    sums = dict.fromkeys(("count", "n", "gs", "covered", "ad_nonzero"), 0.0)
+    for g, group in anchors.items():
+        start = int(g) * group_size
+        for a in group:
+            if first <= start < last:
+                sums["count"] += 1
+                sums["n"] += a.n
+                sums["gs"] += a.gs
+            for m in a.members:
+                if first <= start + m.rollout < last:
+                    sums["covered"] += len(m.tokens)
+                    sums["ad_nonzero"] += len(m.tokens) if m.a_d != 0 else 0
+    return sums
+
+
 class DiDPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` with DiDPO's per-token credit (arXiv 2608.07147).
+    """``GRPOTrainer`` with DiDPO's per-token credit (arXiv 2608.07147), on any number of
+    processes.
 
     After TRL has generated and scored a batch, every completion becomes a labkit
     :class:`~labkit.env.records.Rollout` (its token ids, the decoded text, exact per-token
     character offsets, the extracted code) and the group's advantages are recomputed by
     labkit's ``didpo`` estimator: ``A(i, t) = A_E(i) + lambda A_D(i, a*(t))``, ``A_E`` the
     group-standardised reward, ``A_D`` the anchor term on tokens of sub-diffs shared across
-    the group. The rewards are TRL's (the weighted sum of the reward functions). ``didpo``
-    options (``lam``, ``eta``, ...) go in ``didpo_options``; the dataset needs the ``task``
-    column of :func:`task_dataset`. ``last_credit`` keeps the last batch's rollouts, rewards
-    and per-token advantages."""
+    the group. The rewards are TRL's (the weighted sum of the reward functions, gathered
+    over processes). ``didpo`` options (``lam``, ``eta``, ...) go in ``didpo_options``; the
+    dataset needs the ``task`` column of :func:`task_dataset`.
+
+    On ``N`` processes each one builds the anchors of the groups its rows belong to
+    (:func:`group_rows`) and keeps its own rows' ``[B, T]`` advantages. When ``B`` is a
+    multiple of the group size every process holds whole groups and nothing more is
+    exchanged; otherwise a group spans processes and the completions' token ids and lengths
+    are all-gathered first (``int32``; the text, offsets and code are decoded from them, the
+    task is any of the group's rows', the rewards are TRL's gathered ones). The ``didpo/*``
+    metrics are summed over processes (:func:`anchor_sums`); ``didpo/gather_bytes`` and
+    ``didpo/gather_s`` are what one process received and the slowest one's wall time of
+    that gather (0 when nothing is gathered). ``last_credit`` keeps the rows this process
+    built credit for: their rollouts, rewards, group numbers, mask and advantages, ``rows``
+    (their batch rows) and ``own`` (the slice of them that is this process's)."""
 
     def __init__(self, *args, didpo_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -124,26 +184,76 @@ class DiDPOTrainer(GRPOTrainer):
         self._rewards_per_func = rewards_per_func  # gathered over processes (TRL's contract)
         return rewards_per_func
 
+    def _gather_completions(self, ids: torch.Tensor, lengths: torch.Tensor):
+        """Every process's completion ids (right-padded to the longest) and lengths, in process
+        order, with the bytes received and the seconds it took."""
+        t0 = time.perf_counter()
+        lengths = self.accelerator.gather(lengths)  # [N B]
+        width = int(lengths.max()) if lengths.numel() else 0
+        ids = ids[:, :width].to(torch.int32)
+        if ids.size(1) < width:
+            ids = torch.nn.functional.pad(ids, (0, width - ids.size(1)))
+        ids = self.accelerator.gather(ids.contiguous())  # [N B, width]
+        nbytes = lengths.numel() * lengths.element_size() + ids.numel() * ids.element_size()
+        ids, lengths = ids.cpu(), lengths.cpu()
+        return ids, lengths, float(nbytes), time.perf_counter() - t0
+
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self.accelerator.num_processes > 1:
-            raise RuntimeError(
-                "DiDPOTrainer builds anchors from one process's whole groups and runs on a single "
-                "process for now; for several processes use verl's route (docs/scale_out.md)")
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
+        n, p, B = self.accelerator.num_processes, self.accelerator.process_index, len(inputs)
         rewards = torch.nansum(self._rewards_per_func * self.reward_weights.to(
-            self._rewards_per_func.device).unsqueeze(0), dim=1).double().cpu()  # [B]
-        mask = out["completion_mask"].detach().cpu().double()  # [B, T]
-        tasks = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
-        groups = [b // G for b in range(len(inputs))]
-        credit, rollouts = didpo_credit(self.processing_class, out["completion_ids"], mask,
-                                        rewards, groups, tasks, **self.didpo_options)
-        for k, v in credit.metrics.items():
-            if k.startswith("anchors/"):
-                self._metrics[mode][f"didpo/{k.split('/', 1)[1]}"].append(v)
-        self.last_credit = {"rollouts": rollouts, "tasks": tasks, "rewards": rewards,
-                            "groups": groups, "mask": mask, "advantages": credit.advantages}
-        out["advantages"] = credit.advantages.to(out["completion_mask"].device,
-                                                 dtype=torch.float32)  # [B, T]
+            self._rewards_per_func.device).unsqueeze(0), dim=1).double().cpu()  # [N B]
+        if len(rewards) != n * B:
+            raise RuntimeError(f"DiDPOTrainer: {len(rewards)} gathered rewards for {n} processes "
+                               f"of {B} rows; every process must hold the same number of rows")
+        ids, lengths = out["completion_ids"], out["completion_mask"].sum(1)
+        nbytes = seconds = 0.0
+        lo, hi = group_rows(p, B, G)
+        if n > 1 and B % G:  # some group spans processes (the same on every process)
+            ids, lengths, nbytes, seconds = self._gather_completions(ids, lengths)
+            ids, lengths = ids[lo:hi], lengths[lo:hi]
+        else:
+            lo, hi = p * B, (p + 1) * B
+            ids, lengths = ids.detach().cpu(), lengths.cpu()
+        mask = (torch.arange(ids.size(1)) < lengths.unsqueeze(1)).double()  # [hi - lo, T]
+        own = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
+        task_of = {(p * B + b) // G: task for b, task in enumerate(own)}
+        groups = [r // G for r in range(lo, hi)]
+        tasks = [task_of[g] for g in groups]
+        credit, rollouts = didpo_credit(self.processing_class, ids, mask, rewards[lo:hi], groups,
+                                        tasks, first_group=lo // G, **self.didpo_options)
+        self._log_didpo(credit, G, (p * B, (p + 1) * B), lengths[p * B - lo:p * B - lo + B],
+                        nbytes, seconds, mode)
+        mine = slice(p * B - lo, p * B - lo + B)
+        self.last_credit = {"rollouts": rollouts, "tasks": tasks, "rewards": rewards[lo:hi],
+                            "groups": groups, "mask": mask, "advantages": credit.advantages,
+                            "rows": range(lo, hi), "own": mine}
+        local = out["completion_mask"]
+        adv = torch.zeros(local.shape, dtype=torch.float32)  # [B, T] of this process
+        width = min(adv.size(1), credit.advantages.size(1))
+        adv[:, :width] = credit.advantages[mine, :width]
+        out["advantages"] = adv.to(local.device)
         return out
+
+    def _log_didpo(self, credit, G: int, own: tuple[int, int], lengths: torch.Tensor,
+                   nbytes: float, seconds: float, mode: str) -> None:
+        """The ``didpo/*`` metrics of the whole batch: :func:`anchor_sums` of every process
+        summed, the anchor build and gather times of the slowest process."""
+        sums = anchor_sums(credit.artifacts.get("anchors", {}), G, own)
+        local = [sums["count"], sums["n"], sums["gs"], sums["covered"], sums["ad_nonzero"],
+                 float(lengths.sum()), credit.metrics.get("anchors/build_s", 0.0), seconds, nbytes]
+        stats = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.gather(stats).view(self.accelerator.num_processes, -1)
+        stats = stats.view(-1, len(local)).cpu()
+        total, slowest = stats.sum(0).tolist(), stats.max(0).values.tolist()
+        count, n, gs, covered, ad_nonzero, tokens = total[:6]
+        values = {"count": count, "mean_group_size": n / count if count else 0.0,
+                  "mean_gs": gs / count if count else 0.0,
+                  "token_coverage": covered / max(tokens, 1.0),
+                  "ad_nonzero_frac": ad_nonzero / max(tokens, 1.0), "build_s": slowest[6],
+                  "gather_s": slowest[7], "gather_bytes": slowest[8]}
+        for k, v in values.items():
+            self._metrics[mode][f"didpo/{k}"].append(v)
