@@ -320,3 +320,27 @@ def test_a_tracker_failing_mid_run_warns_once_and_training_goes_on(toy_model_dir
     assert len(tr.run.read("metrics.jsonl")) == 3
     got, _ = read_tensorboard(tmp_path / "run/trackers/tensorboard")
     assert [s for s, _ in got["reward/mean"]] == [1, 2, 3]  # the other tracker carried on
+
+
+def test_where_a_run_is_watched_is_not_what_it_trains(tmp_path):
+    """The experiments reuse a finished run and resume an unfinished one whatever trackers
+    it reported to, and a run folder from before trackers existed still counts."""
+    from labkit.experiments import (ExperimentConfig, base_train_config, finished_run,
+                                    prepare_run_dir)
+
+    exp = ExperimentConfig(steps=2, eval_every=2, report_to="tensorboard,trackio")
+    cfg = base_train_config(exp, 0, str(tmp_path / "run"))
+    assert cfg.report_to == ["tensorboard", "trackio"]
+    older = {k: v for k, v in to_dict(cfg).items() if k not in ("report_to", "trackers")}
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001" / "COMPLETE").write_text("ok\n")
+    (run / "config.json").write_text(json.dumps(older))
+    assert prepare_run_dir(run, cfg) is True  # resumed, not moved aside
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)))
+    (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "eval/pass_at_1": 0.5}) + "\n"
+                                            for s in (0, 2)))
+    assert finished_run(run, cfg)
+    assert finished_run(run, base_train_config(ExperimentConfig(steps=2, eval_every=2), 0, "x"))
+    cfg.optim.lr = 1.0
+    assert not finished_run(run, cfg)  # what it trains still counts

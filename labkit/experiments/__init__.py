@@ -23,7 +23,7 @@ from labkit.experiments import stats
 from labkit.experiments.paired import held_out_tasks, paired_difference, paired_eval
 from labkit.experiments.stats import describe
 from labkit.loops.events import RunFolder
-from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
+from labkit.loops.trainer import WATCH_FIELDS, TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
 
 EXPERIMENTS = ("learning", "reshaping", "didpo", "credit", "mucode")
@@ -153,6 +153,10 @@ class ExperimentConfig:
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint
     (:func:`prepare_run_dir`)."""
+    report_to: str = "none"
+    """Experiment trackers every run reports to (``TrainConfig.report_to``), comma-separated:
+    tensorboard, wandb, mlflow, trackio, or none. Where a run is watched is not part of what
+    it trains: runs reported elsewhere are reused and resumed alike."""
 
 
 SYNTHETIC_TEST_TIMEOUT_S = 0.25
@@ -178,6 +182,7 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
         "optim": {"lr": exp.lr},
         "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
         "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
+        "report_to": exp.report_to,
     })
 
 
@@ -425,15 +430,17 @@ def finished_run(run_dir: str | Path, cfg: TrainConfig, prefix: bool = False,
 
 
 def _as_json(cfg: TrainConfig) -> dict:
-    """``cfg`` as it reads back from a run's ``config.json`` (tuples become lists)."""
-    return json.loads(json.dumps(to_dict(cfg)))
+    """``cfg`` as it reads back from a run's ``config.json`` (tuples become lists), without
+    the fields that say where it is watched (:data:`WATCH_FIELDS`)."""
+    return {k: v for k, v in json.loads(json.dumps(to_dict(cfg))).items() if k not in WATCH_FIELDS}
 
 
 def _saved_config(run_dir: Path) -> dict | None:
     try:
-        return json.loads((run_dir / "config.json").read_text())
+        saved = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
         return None
+    return {k: v for k, v in saved.items() if k not in WATCH_FIELDS}
 
 
 def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,

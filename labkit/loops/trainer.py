@@ -210,6 +210,11 @@ class TrainConfig:
                              f"on another one (e.g. tasks.eval_split=test)")
 
 
+WATCH_FIELDS = ("report_to", "trackers")
+"""``TrainConfig`` fields that say where a run is watched, not what it trains: two configs
+that differ only there train the same run (the experiments reuse and resume across them)."""
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
 
