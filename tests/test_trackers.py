@@ -218,11 +218,25 @@ def _cli_config(tmp_path, model_dir, run, steps, eval_every, checkpoint_every=1)
     return path
 
 
+def _mlflow_last_step(db):
+    """The last step of ``reward/mean`` in an MLflow SQLite store being written (None: none)."""
+    import sqlite3
+
+    if not db.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            return con.execute("SELECT MAX(step) FROM metrics WHERE key = 'reward/mean'").fetchone()[0]
+    except sqlite3.OperationalError:  # the tables are still being made
+        return None
+
+
 @pytest.mark.slow
 def test_a_resumed_run_continues_every_tracker_run_with_each_step_once(toy_model_dir, tmp_path):
-    """Killed (SIGKILL) after step 3 of 4 was logged, with its last checkpoint at step 2, then
-    resumed: every tracker holds one run holding steps 1-4 once each (TensorBoard in one
-    folder, the same W&B id, the same MLflow run, the same trackio run)."""
+    """Killed (SIGKILL) after step 3 of 4 was logged (MLflow, written synchronously, holds
+    it), with its last checkpoint at step 2, then resumed: every tracker holds one run
+    holding steps 1-4 once each (TensorBoard in one folder, the same W&B id, the same MLflow
+    run, the same trackio run)."""
     run, tio = tmp_path / "run", tmp_path / "trackio"
     cli = _cli_config(tmp_path, toy_model_dir, run, steps=4, eval_every=2, checkpoint_every=2)
     env = dict(os.environ, TRACKIO_DIR=str(tio))
@@ -231,8 +245,9 @@ def test_a_resumed_run_continues_every_tracker_run_with_each_step_once(toy_model
                                    "report_to=tensorboard,wandb,mlflow,trackio"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics, deadline = run / "metrics.jsonl", time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+    while time.time() < deadline and proc.poll() is None:  # step 3 logged, MLflow holds it
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3 \
+                and _mlflow_last_step(run / "trackers/mlflow/mlflow.db") == 3:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -254,7 +269,12 @@ def test_a_resumed_run_continues_every_tracker_run_with_each_step_once(toy_model
     assert [s for s, _ in want["eval/pass_at_1"]] == [0, 2, 4]
     got, acc = read_tensorboard(run / "trackers/tensorboard")
     _same(got, want)  # TensorBoard dropped what it held past step 2 and took it again
-    assert len(list((run / "trackers/tensorboard").glob("events.out.tfevents.*"))) == 2
+    files = sorted((run / "trackers/tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 2  # the resumed session's file opens by purging steps >= 3
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    assert [e.step for e in EventFileLoader(str(files[1])).Load()
+            if e.WhichOneof("what") == "session_log"] == [3]
     got, _, ids = read_wandb(run / "trackers/wandb")
     assert ids == {state["id"]}
     assert len(list((run / "trackers/wandb").glob("wandb/offline-run-*"))) == 2
