@@ -267,7 +267,7 @@ def test_a_resumed_run_continues_every_tracker_run_with_each_step_once(toy_model
     want = _logged(run)
     assert [s for s, _ in want["reward/mean"]] == [1, 2, 3, 4]
     assert [s for s, _ in want["eval/pass_at_1"]] == [0, 2, 4]
-    got, acc = read_tensorboard(run / "trackers/tensorboard")
+    got, _ = read_tensorboard(run / "trackers/tensorboard")
     _same(got, want)  # TensorBoard dropped what it held past step 2 and took it again
     files = sorted((run / "trackers/tensorboard").glob("events.out.tfevents.*"))
     assert len(files) == 2  # the resumed session's file opens by purging steps >= 3
