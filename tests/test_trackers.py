@@ -178,9 +178,11 @@ def test_wandb_offline_files_hold_the_run(toy_model_dir, tmp_path):
 
 def test_mlflow_store_holds_the_run(toy_model_dir, tmp_path):
     cfg = _config(tmp_path / "run", toy_model_dir, ["mlflow"])
-    tr = _train(cfg)
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=toy_tasks()[:1])
+    tr.train(progress=False)  # the last step ends the tracker runs, before any close()
     state = json.loads((tmp_path / "run/trackers.json").read_text())
     got, run, client = read_mlflow(tr.run.path, state["mlflow"]["run_id"])
+    tr.close()
     _same({k: v for k, v in got.items()}, {mlflow_key(k): v for k, v in _logged(tr.run.path).items()})
     assert run.info.status == "FINISHED" and run.info.run_name == state["name"]
     assert run.data.params == {k: str(v) for k, v in flat_config(to_dict(cfg)).items()}

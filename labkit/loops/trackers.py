@@ -489,7 +489,8 @@ def check_installed(names: Iterable[str]) -> None:
 
 class Trackers:
     """The trackers of one trainer: checks they are installed when built, opens their runs
-    at the first event, forwards rows, samples and flushes, closes them with the trainer.
+    at the first event, forwards rows, samples and flushes, closes them when training ends
+    and with the trainer.
 
     A tracker that raises is warned about once (logger ``labkit.loops.trackers``) and
     dropped; the trainer never sees the exception."""
@@ -513,7 +514,8 @@ class Trackers:
 
     def _handlers(self) -> tuple[tuple[str, Callable], ...]:
         return (("on_train_start", self._on_train_start), ("on_step_end", self._on_step_end),
-                ("on_eval", self._on_eval), ("on_checkpoint", self._on_checkpoint))
+                ("on_eval", self._on_eval), ("on_checkpoint", self._on_checkpoint),
+                ("on_train_end", self._on_train_end))
 
     # ------------------------------------------------------------------ events
     def _on_train_start(self, trainer: Any) -> None:
@@ -536,6 +538,9 @@ class Trackers:
 
     def _on_checkpoint(self, trainer: Any, step: int, path: Any) -> None:
         self._flush()
+
+    def _on_train_end(self, trainer: Any) -> None:
+        self.finish(finished=True)  # a later step (more steps asked for) opens them again
 
     def _write(self, stream: str, step: int, row: Mapping) -> None:
         values = scalars(row)
@@ -580,12 +585,16 @@ class Trackers:
             self._guard(tracker, "opening its run", start)
         run.write_json(STATE_FILE, state)
 
-    def close(self, finished: bool) -> None:
-        """Close every tracker's run (``finished``: the run reached its last step) and
-        unsubscribe from the trainer."""
+    def finish(self, finished: bool) -> None:
+        """Close every tracker's run (``finished``: the run reached its last step); the next
+        event opens them again, continuing the same runs."""
         for t in list(self.live):
             self._guard(t, "closing its run", lambda t=t: t.close(finished))
         self.live, self.held, self._opened = [], {}, False
+
+    def close(self, finished: bool) -> None:
+        """:meth:`finish`, and unsubscribe from the trainer."""
+        self.finish(finished)
         if self.trainer is not None:
             for event, fn in self._handlers():
                 self.trainer.events.off(event, fn)
