@@ -55,6 +55,13 @@ def _logged(run_dir, keep=lambda key: True):
     return out
 
 
+def _env(**extra):
+    """The environment of a child training process: its own W&B service (an in-process W&B
+    test leaves ``WANDB_SERVICE`` set, and a child would write through this process's)."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return {**env, **extra}
+
+
 def _same(got, want, rel=1e-6):
     """Every key of ``want`` is in ``got`` with the same steps, each once, and values equal
     within ``rel`` (TensorBoard keeps float32)."""
@@ -107,7 +114,7 @@ def read_trackio(trackio_dir, project, run_id):
     code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage; "
             "print(json.dumps(SQLiteStorage.get_logs(sys.argv[1], run_id=sys.argv[2])))")
     out = subprocess.run([sys.executable, "-c", code, project, run_id], check=True,
-                         capture_output=True, text=True, env=dict(os.environ, TRACKIO_DIR=str(trackio_dir)))
+                         capture_output=True, text=True, env=_env(TRACKIO_DIR=str(trackio_dir)))
     got = {}
     for row in json.loads(out.stdout.strip().splitlines()[-1]):
         for k, v in row.items():
@@ -197,7 +204,7 @@ def test_trackio_local_store_holds_the_run(toy_model_dir, tmp_path):
     cli = _cli_config(tmp_path, toy_model_dir, run, steps=2, eval_every=1)
     subprocess.run([sys.executable, "-m", "labkit", "train", "--quiet", "--config", str(cli),
                     "--set", "report_to=trackio"], check=True, capture_output=True, cwd=ROOT,
-                   env=dict(os.environ, TRACKIO_DIR=str(tio)))
+                   env=_env(TRACKIO_DIR=str(tio)))
     state = json.loads((run / "trackers.json").read_text())
     assert state["trackio"]["dir"] == str(tio) and state["trackio"]["project"] == "labkit"
     _same(read_trackio(tio, "labkit", state["trackio"]["id"]), _logged(run))
@@ -241,7 +248,7 @@ def test_a_resumed_run_continues_every_tracker_run_with_each_step_once(toy_model
     run, the same trackio run)."""
     run, tio = tmp_path / "run", tmp_path / "trackio"
     cli = _cli_config(tmp_path, toy_model_dir, run, steps=4, eval_every=2, checkpoint_every=2)
-    env = dict(os.environ, TRACKIO_DIR=str(tio))
+    env = _env(TRACKIO_DIR=str(tio))
     cmd = [sys.executable, "-m", "labkit", "train", "--quiet"]
     proc = subprocess.Popen(cmd + ["--config", str(cli), "--set",
                                    "report_to=tensorboard,wandb,mlflow,trackio"],
