@@ -17,7 +17,7 @@ $(VENV)/bin/python:
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,trackers]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(PIP) check
 	touch $(STAMP)

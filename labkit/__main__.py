@@ -265,6 +265,7 @@ def cmd_eval(args) -> int:
 
 def cmd_train(args) -> int:
     from labkit.config import ConfigError, apply_overrides, load_yaml
+    from labkit.loops.trackers import TrackerError
     from labkit.loops.trainer import CheckpointError, RunFolderError, TrainConfig, train_from_config
 
     try:
@@ -286,7 +287,7 @@ def cmd_train(args) -> int:
     try:
         trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet,
                                     overwrite=args.overwrite)
-    except (CheckpointError, RunFolderError) as e:
+    except (CheckpointError, RunFolderError, TrackerError) as e:
         raise CLIError(str(e)) from None
     rows = trainer.run.read("metrics.jsonl")
     evals = trainer.run.read("eval.jsonl")
@@ -294,6 +295,27 @@ def cmd_train(args) -> int:
            "reward_mean_last": rows[-1]["reward/mean"] if rows else None,
            "eval_pass_at_1_first": evals[0]["eval/pass_at_1"] if evals else None,
            "eval_pass_at_1_last": evals[-1]["eval/pass_at_1"] if evals else None})
+    return 0
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def cmd_runs(args) -> int:
+    from labkit.loops.runs import format_table, runs_table
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise CLIError(f"{args.dir!r}: no such folder (run folders live under runs/ by default)")
+    table = runs_table(root)
+    if args.json:
+        _emit(table)
+        return 0
+    print(format_table(table))
+    counts = {s: sum(r["status"] == s for r in table["runs"])
+              for s in ("running", "finished", "stopped")}
+    _emit({"dir": table["dir"], "runs": len(table["runs"]), **counts,
+           "differing": table["differing"]})
     return 0
 
 
@@ -462,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--overwrite", action="store_true",
                     help="replace a run already in run_dir (default: refuse)")
     tr.set_defaults(func=cmd_train)
+
+    rn = sub.add_parser("runs", help="list run folders side by side (status, steps, reward, "
+                                     "pass@1, the config fields that differ)")
+    rn.add_argument("dir", nargs="?", default="runs", help="folder holding run folders")
+    rn.add_argument("--json", action="store_true", help="one JSON object (every row) for scripts")
+    rn.set_defaults(func=cmd_runs)
 
     mc = sub.add_parser("mucode", help="muCODE expert iteration (multi-turn, learned verifier)")
     mc.add_argument("--config", help="YAML file with MucodeConfig fields")

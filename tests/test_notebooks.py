@@ -279,6 +279,7 @@ def check_05(n):
     assert all(v >= 0 for v in n["kl_k3_last"].values())
     assert n["didpo_anchor_count_mean"] is not None and n["didpo_anchor_count_mean"] >= 0
     assert n["replay_points"] == 1 and n["dashboard_points"] == 1  # the last run: 1 step
+    assert n["runs_table_status"] == {m: "finished" for m in methods}  # the RunsTable's rows
     assert n["inspector_rows"] >= 1
     assert n["train_tasks"] == 2 and set(n["r_test_first"]) == set(methods)
     assert all(_between(v, 0, 1) for v in {**n["r_test_first"], **n["r_test_last"]}.values())

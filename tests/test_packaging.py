@@ -1,4 +1,5 @@
-"""environment.yml mirrors pyproject.toml's pins, and nothing admits a CUDA torch."""
+"""environment.yml mirrors pyproject.toml's pins (the dependencies and the dev and trackers
+extras, what `make test` installs), and nothing admits a CUDA torch."""
 
 import tomllib
 from pathlib import Path
@@ -10,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_environment_yml_mirrors_pyproject():
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pins = set(proj["dependencies"]) | set(proj["optional-dependencies"]["dev"])
+    extras = proj["optional-dependencies"]
+    pins = set(proj["dependencies"]) | set(extras["dev"]) | set(extras["trackers"])
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     mirrored = {p for p in pip if not p.startswith("-")}

@@ -6,6 +6,7 @@
 ``TrainingDashboard``  live curves from trainer events, or a replay of a run folder
 ``RewardTuner``        reshaping sliders recomputing a stored batch's advantages
 ``AnchorView``         a task's DiDPO anchors; selecting one outlines it in every member
+``RunsTable``          run folders side by side; clicking one replays it in a dashboard
 =====================  ==========================================================
 
 Each widget lives in its own module next to the pure functions it draws with; see
@@ -16,7 +17,9 @@ from widgets.anchorview import AnchorView
 from widgets.dashboard import TrainingDashboard, metrics_to_series
 from widgets.diffview import DiffView, render_tokens_html
 from widgets.inspector import AdvantageInspector
+from widgets.runs import RunsTable
 from widgets.tuner import RewardTuner, recompute
 
-__all__ = ["AdvantageInspector", "AnchorView", "DiffView", "RewardTuner", "TrainingDashboard",
+__all__ = ["AdvantageInspector", "AnchorView", "DiffView", "RewardTuner", "RunsTable",
+           "TrainingDashboard",
            "metrics_to_series", "recompute", "render_tokens_html"]

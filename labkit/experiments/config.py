@@ -117,6 +117,10 @@ class ExperimentConfig:
     policy: str = "tiny"
     """The starting policy (``policy.spec``): ``tiny`` or a local Hugging Face causal-LM folder.
     Every run keeps a KL reference (``reference: auto``, ``kl_coef`` 0.01)."""
+    report_to: str = "none"
+    """Experiment trackers every run reports to (``TrainConfig.report_to``), comma-separated:
+    tensorboard, wandb, mlflow, trackio, or none. Where a run is watched is not part of what
+    it trains: runs reported elsewhere are reused and resumed alike."""
     reuse_finished: bool = True
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint
@@ -147,6 +151,7 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
         "optim": {"lr": exp.lr},
         "eval_every": exp.eval_every, "eval_k": exp.eval_k, "eval_temperature": 0.7,
         "checkpoint_every": max(1, exp.steps // 3), "log_rollouts": 16,
+        "report_to": exp.report_to,
     })
 
 

@@ -18,7 +18,7 @@ from labkit.config import to_dict, to_record
 from labkit.experiments import stats
 from labkit.experiments.config import ExperimentConfig, base_train_config, code_commit
 from labkit.loops.events import RunFolder
-from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
+from labkit.loops.trainer import WATCH_FIELDS, TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
 
 
@@ -173,9 +173,11 @@ def _as_json(cfg) -> dict:
 def _same_config(saved: dict | None, cfg: TrainConfig, ignore: set[str] = frozenset()) -> bool:
     """``saved`` (a run's ``config.json``) is ``cfg``, the keys ``ignore`` aside. A field the
     saved config lacks (one added to the code after the run) counts as equal when ``cfg``
-    holds that field's default: a run made before a new option existed ran as its default."""
+    holds that field's default: a run made before a new option existed ran as its default. The
+    fields that say where a run is watched (:data:`WATCH_FIELDS`) are not compared."""
     if saved is None:
         return False
+    ignore = set(ignore) | set(WATCH_FIELDS)
     ours, default = _as_json(cfg), _as_json(TrainConfig())
 
     def fill(theirs: dict, ours: dict, default: dict) -> dict:

@@ -3,7 +3,9 @@
 A loop owns an :class:`EventBus` and calls ``bus.emit("on_step_end", ...)``; widgets and
 notebooks subscribe with ``bus.on("on_step_end", fn)``; with no subscriber the loop runs
 headless. A :class:`RunFolder` holds everything a run writes (config, ``metrics.jsonl``,
-``rollouts.jsonl``, ``anchors.jsonl``, ``checkpoints/``) so any view can reopen a run later.
+``rollouts.jsonl``, ``anchors.jsonl``, ``checkpoints/``, the trackers' ``trackers.json`` and
+``trackers/``) so any view can reopen a run later; ``running.json`` says a process is
+training it now.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -54,8 +58,11 @@ class RunFolder:
     """Files of one run. JSONL files are appended one line per record and flushed with
     ``fsync`` so a killed run loses at most the line being written."""
 
-    RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "anchors.jsonl")
-    """What a run writes besides ``checkpoints/``."""
+    RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "anchors.jsonl",
+                 "trackers.json")
+    """What a run writes besides ``checkpoints/`` and ``trackers/``."""
+    RUNNING = "running.json"
+    """Written while a process trains the run: its pid, host and start time."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)  # nothing is created until something is written
@@ -69,12 +76,33 @@ class RunFolder:
                 or any((self.path / "checkpoints").glob("step_*")))
 
     def clear(self) -> None:
-        """Remove a previous run's files and checkpoints (other files are left alone)."""
+        """Remove a previous run's files, checkpoints and tracker folders (other files are
+        left alone)."""
         import shutil
 
         for n in self.RUN_FILES:
             self.file(n).unlink(missing_ok=True)
         shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
+        shutil.rmtree(self.path / "trackers", ignore_errors=True)
+
+    def mark_running(self) -> None:
+        """Say this process trains the run now (:attr:`RUNNING`)."""
+        self.write_json(self.RUNNING, {"pid": os.getpid(), "host": socket.gethostname(),
+                                       "since": time.time()})
+
+    def mark_stopped(self) -> None:
+        """Remove this process's running mark (another process's is left alone)."""
+        mark = self.running_mark()
+        if mark is not None and mark.get("pid") == os.getpid() \
+                and mark.get("host") == socket.gethostname():
+            self.file(self.RUNNING).unlink(missing_ok=True)
+
+    def running_mark(self) -> dict | None:
+        """The running mark (``None`` when there is none or it is unreadable)."""
+        try:
+            return json.loads(self.file(self.RUNNING).read_text())
+        except (OSError, ValueError):
+            return None
 
     def append(self, name: str, record: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

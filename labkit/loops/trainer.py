@@ -50,6 +50,7 @@ from labkit.loops.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCreditConfig
 from labkit.loops.hunks import HunkConfig
 from labkit.loops.records import RolloutRecord
+from labkit.loops.trackers import TrackerConfig, Trackers, report_to_names
 from labkit.loops.stages import Stage, StepContext, stages_for
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
@@ -188,6 +189,13 @@ class TrainConfig:
     intact one to resume from."""
     log_rollouts: int = 16
     """Rollout records per step written to rollouts.jsonl (0 = none, -1 = all)."""
+    report_to: list[str] = field(default_factory=lambda: ["none"])
+    """Experiment trackers the run reports to, by TRL's names: ``tensorboard``, ``wandb``,
+    ``mlflow``, ``trackio`` or ``none`` (``--set report_to=tensorboard,trackio``). Each
+    follows the trainer's events (:mod:`labkit.loops.trackers`; the ``trackers`` extra)."""
+    trackers: TrackerConfig = field(default_factory=TrackerConfig)
+    """Where the trackers write and what beyond scalars: project, run name, completion
+    samples, W&B mode, MLflow store."""
 
     def validate(self) -> None:
         if self.estimator not in ADVANTAGE_ESTIMATORS:
@@ -202,12 +210,19 @@ class TrainConfig:
             raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
                              f"got {self.loss.horizon}")
         check_regime(self.reshape, self.feedback.mode)
+        report_to_names(self.report_to)
+        self.trackers.validate()
         t = self.tasks
         if t.train_split not in ("train", "val"):
             raise ValueError(f"tasks.train_split must be 'train' or 'val', got {t.train_split!r}")
         if t.eval_split == t.train_split:
             raise ValueError(f"tasks.eval_split {t.eval_split!r} is the split trained on; evaluate "
                              f"on another one (e.g. tasks.eval_split=test)")
+
+
+WATCH_FIELDS = ("report_to", "trackers")
+"""``TrainConfig`` fields that say where a run is watched, not what it trains: two configs
+that differ only there train the same run (the experiments reuse and resume across them)."""
 
 
 class CheckpointError(RuntimeError):
@@ -233,6 +248,7 @@ class Trainer:
         run is refused when training starts (:class:`RunFolderError`) unless ``overwrite``
         (its run files are then removed) or the run is resumed (:meth:`resume`)."""
         cfg.validate()
+        self.trackers = Trackers(cfg.report_to, cfg.trackers)  # not installed: fails here
         self.reward_fn = reward_fn
         self.overwrite = overwrite
         self._resumed = False
@@ -261,6 +277,8 @@ class Trainer:
         self.dist = DataParallel(self.policy, self.opt)  # one process: a no-op seam
         self.opt, self.train_model = self.dist.opt, self.dist.model
         self.world, self.rank, self.is_main = self.dist.world, self.dist.rank, self.dist.rank == 0
+        if self.is_main:
+            self.trackers.attach(self)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.credit = Credit(cfg.reshape, cfg.estimator, cfg.estimator_options, cfg.match_scale)
         self.progress = ProgressTracker(cfg.feedback.progress_patience, cfg.feedback.progress_bonus)
@@ -312,6 +330,10 @@ class Trainer:
         self._stop = True
 
     def close(self) -> None:
+        """End the trackers' runs, drop the folder's running mark, stop an own sandbox."""
+        self.trackers.close(finished=self.step >= self.cfg.steps)
+        if self.is_main:
+            self.run.mark_stopped()
         if self._own_sandbox and self.sandbox is not None:
             self.sandbox.close()
 
@@ -333,6 +355,9 @@ class Trainer:
                 self.run.clear()
             if self.is_main:
                 self.run.write_json("config.json", to_dict(cfg))
+        if self.is_main:
+            self.run.mark_running()
+        if self.step == 0:
             self.events.emit("on_train_start", trainer=self)
             if cfg.eval_every:
                 self._evaluate()
@@ -353,6 +378,8 @@ class Trainer:
                 self.save_checkpoint()
         if bar is not None:
             bar.close()
+        if self.is_main:
+            self.run.mark_stopped()
         if self.step >= cfg.steps:
             self.events.emit("on_train_end", trainer=self)
         return rows
