@@ -219,15 +219,38 @@ class _Decoder:
             return tuple(items)
         if tag in ("set", "frozenset"):
             kind = set if tag == "set" else frozenset
-            return kind(items) if self.hashing else PlainSet(kind, tuple(items))
+            if self.hashing:
+                return kind(items)
+            if not all(map(_is_key, items)):
+                raise NotPlain("a set member must be hashable")
+            return PlainSet(kind, tuple(items))
         if tag == "dict":
             pairs = []
             for pair in v:
                 if type(pair) is not list or len(pair) != 2:
                     raise NotPlain("a dict item must be a [key, value] pair")
                 pairs.append((self.value(pair[0], depth + 1), self.value(pair[1], depth + 1)))
-            return dict(pairs) if self.hashing else PlainDict(tuple(pairs))
+            if self.hashing:
+                return dict(pairs)
+            if not all(_is_key(k) for k, _ in pairs):
+                raise NotPlain("a dict key must be hashable")
+            return PlainDict(tuple(pairs))
         raise NotPlain(f"unknown tag {str(tag)[:40]!r}")
+
+
+def _is_key(value: Any) -> bool:
+    """Whether a decoded value could be a set member or dict key (of a hashable type),
+    decided without hashing it: tuples are walked, a frozenset's members were checked when
+    it was decoded."""
+    t = type(value)
+    if t is tuple:
+        return all(map(_is_key, value))
+    if t is PlainSet:
+        return value.kind is frozenset
+    return t in _KEY_TYPES
+
+
+_KEY_TYPES = (type(None), bool, int, float, complex, str, bytes)
 
 
 # ----------------------------------------------------------------------------- comparing
