@@ -806,8 +806,7 @@ HONEST_WRONG = "def f(x):\n    return 'wrong'\n"
 def test_forging_verdicts_on_every_descriptor_the_check_can_reach(sandbox):
     """Verdict-shaped lines written on every descriptor of the check, and of every process
     whose descriptors it can open under ``/proc``: the grader's channel is not among them."""
-    forged = ('{"k":"load","ok":true}\\n{"i":0,"ok":true}\\n{"k":"end"}\\n'
-              '{"i":0,"ok":true}\\n{"k":"end"}\\n')
+    forged = '{"k":"load","ok":true}\\n{"i":0,"ok":true}\\n{"k":"end"}\\n'  # all passed
     code = ("import os\n"
             f"FORGED = b'{forged}'\n"
             "def spray():\n"
@@ -817,6 +816,8 @@ def test_forging_verdicts_on_every_descriptor_the_check_can_reach(sandbox):
             "        except OSError:\n"
             "            pass\n"
             "    for pid in os.listdir('/proc'):\n"
+            "        if not pid.isdigit() or int(pid) == os.getpid():\n"
+            "            continue\n"
             "        try:\n"
             "            for name in os.listdir(f'/proc/{pid}/fd'):\n"
             "                fd = os.open(f'/proc/{pid}/fd/{name}', os.O_WRONLY | os.O_NONBLOCK)\n"
@@ -838,7 +839,7 @@ def test_scanning_the_checks_memory_for_the_assert_tests(sandbox):
     freed bytes. A candidate reading every mapping of its own memory finds no source."""
     code = ("import ctypes, re\n"
             "def f(x):\n"
-            "    pattern = re.compile(rb'assert candidate\\\\(1\\\\) == .([a-z0-9-]{8,60}).')\n"
+            "    pattern = re.compile(rb'assert candidate\\(1\\) == .([a-z0-9-]{8,60}).')\n"
             "    with open('/proc/self/maps') as maps:\n"
             "        for line in maps:\n"
             "            span, perms, *rest = line.split()\n"
@@ -928,33 +929,36 @@ def _syscall_numbers() -> dict[str, int]:
             for name in ("add_key", "keyctl")}
 
 
-# The kernel's key retention service keeps a keyring per uid that outlives every process of
-# it: a check plants a key there, a later check of the same uid reads it.
+# The kernel's key retention service keeps keyrings per uid (the user keyring and the user
+# session keyring) that outlive every process of it: a check plants a key there, a later
+# check of the same uid reads it. The session keyring is tried too.
 KEY_COMMON = '''
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 ADD_KEY, KEYCTL = {add_key}, {keyctl}
-USER_KEYRING, SEARCH, READ = -4, 10, 11
+RINGS, SEARCH, READ = (-5, -4, -3), 10, 11  # user session, user, session keyring
 
 def plant(name, value):
     data = repr(value).encode()
-    return libc.syscall(ADD_KEY, b"user", name.encode(), data, len(data),
-                        ctypes.c_int(USER_KEYRING)) > 0
+    return any([libc.syscall(ADD_KEY, b"user", name.encode(), data, len(data),
+                             ctypes.c_int(ring)) > 0 for ring in RINGS])
 
 def fetch(name, default):
-    serial = libc.syscall(KEYCTL, SEARCH, ctypes.c_int(USER_KEYRING), b"user", name.encode(), 0)
-    if serial <= 0:
-        return default
-    buffer = ctypes.create_string_buffer(1 << 16)
-    n = libc.syscall(KEYCTL, READ, serial, buffer, len(buffer))
-    return eval(buffer.raw[:n].decode()) if n > 0 else default
+    for ring in RINGS:
+        serial = libc.syscall(KEYCTL, SEARCH, ctypes.c_int(ring), b"user", name.encode(), 0)
+        buffer = ctypes.create_string_buffer(1 << 16)
+        n = libc.syscall(KEYCTL, READ, serial, buffer, len(buffer)) if serial > 0 else 0
+        if n > 0:
+            return eval(buffer.raw[:n].decode())
+    return default
 '''
 KEY_WRITER = KEY_COMMON + "def f(name, secret):\n    return plant(name, secret)\n"
 KEY_READER = KEY_COMMON + "def f(name, secret):\n    return fetch(name, 'nothing there')\n"
 
 
 def _key_in_user_keyring(uid: int, name: str) -> bool:
-    """Whether the user keyring of ``uid`` holds a key ``name`` (asked as that uid)."""
+    """Whether the user or user-session keyring of ``uid`` holds a key ``name`` (asked as
+    that uid)."""
     import ctypes
 
     numbers = _syscall_numbers()
@@ -964,8 +968,8 @@ def _key_in_user_keyring(uid: int, name: str) -> bool:
         try:
             os.setuid(uid)
             libc = ctypes.CDLL(None, use_errno=True)
-            found = int(libc.syscall(numbers["keyctl"], 10, ctypes.c_int(-4), b"user",
-                                     name.encode(), 0) > 0)
+            found = int(any(libc.syscall(numbers["keyctl"], 10, ctypes.c_int(ring), b"user",
+                                         name.encode(), 0) > 0 for ring in (-4, -5)))
         finally:
             os._exit(found)
     return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 1
