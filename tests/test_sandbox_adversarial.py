@@ -1139,7 +1139,7 @@ def test_a_grading_failure_is_confined_to_its_check(monkeypatch):
 
 # ----------------------------------------------------------------------------- the wipe
 
-DEPTH = 3000  # deeper than Python's recursion limit: a recursive removal fails
+DEPTH = 1200  # deeper than Python's recursion limit: a recursive removal fails
 
 
 @root_only

@@ -774,12 +774,13 @@ class Isolation:
                     pass
             reap_all(REAP_GRACE_S)
 
-    def wipe(self, workdir: str) -> str:
+    def wipe(self, workdir: str, tick=None) -> str:
         """Remove what the check wrote: each private tmpfs is replaced by a new, empty one
         (the old one is detached, whatever it holds); on shared tmp dirs the top-level
         entries the sandbox uid owns are removed, and the working directory. Never raises:
         returns ``""``, or why something could not be removed (the worker then retires, so
-        that nothing carries over to another check)."""
+        that nothing carries over to another check). ``tick`` is called now and then while
+        a large tree is removed from a disk (see :func:`remove_tree`)."""
         problems = []
         for directory in self.private_dirs:
             flags, options = self._tmpfs_options[directory]
@@ -796,8 +797,8 @@ class Isolation:
                 problems.append(f"cannot list {directory}: {e}")
                 continue
             for entry in entries:
-                problems += remove_tree(entry.path)
-        problems += remove_tree(workdir)
+                problems += remove_tree(entry.path, tick)
+        problems += remove_tree(workdir, tick)
         return "; ".join(problems)[:500]
 
     def remove_ipc_objects(self) -> None:
@@ -844,12 +845,14 @@ def _owner(entry: os.DirEntry) -> int | None:
         return None
 
 
-def remove_tree(path: str) -> list[str]:
+def remove_tree(path: str, tick=None) -> list[str]:
     """Remove ``path`` and everything under it, however deep, without recursion and without
     building long paths: descend one directory at a time through file descriptors, unlinking
     the files met on the way, and climb back through ``..`` (every process that could change
     the tree has been killed). Memory grows with the depth (one name per level), time with
-    the number of entries. Never raises: returns what could not be removed."""
+    the number of entries (on a disk, removing a directory can take milliseconds: ``tick``
+    is called every 256 entries, so that the worker can tell the parent it is alive).
+    Never raises: returns what could not be removed."""
     try:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             os.unlink(path)
@@ -860,13 +863,16 @@ def remove_tree(path: str) -> list[str]:
     except OSError as e:
         return [f"cannot remove {path}: {e}"]
     names = [os.path.basename(path)]  # from the top down to the directory being emptied
-    fd = -1
+    fd, count = -1, 0
     try:
         fd = _open_dir(names[0], top)
         while True:
             sub = None
             with os.scandir(fd) as entries:
                 for entry in entries:
+                    count += 1
+                    if tick is not None and count % 256 == 0:
+                        tick()
                     if entry.is_dir(follow_symlinks=False):
                         sub = entry.name
                         break
@@ -1293,6 +1299,7 @@ class Worker:
         self.devnull = os.open(os.devnull, os.O_RDWR)
         self.control: int | None = cfg.get("control_fd")  # "stop check number k" messages
         self.checks = 0  # jobs received so far; the parent numbers them the same way
+        self._last_alive = 0.0  # when the last keep-alive frame went out
         # One path for every check (recreated empty each time), so that the environment the
         # children inherit is set here once instead of in each child.
         if isolation.private_dirs:
@@ -1356,13 +1363,21 @@ class Worker:
             if swept:
                 self.iso.sweep()
                 reap_all(REAP_GRACE_S)
-            wipe_error = self.iso.wipe(workdir)
+            wipe_error = self.iso.wipe(workdir, self._keep_alive)
             if not self.iso.ipc_per_check and self.iso.uid is not None:
                 self.iso.remove_ipc_objects()
         header["swept"] = swept
         if wipe_error:  # something could carry over: this worker must not run another check
             header["retire"] = f"the wipe after the check failed: {wipe_error}"
         return header, result
+
+    def _keep_alive(self) -> None:
+        """Tell the parent, at most once a second, that this worker is busy cleaning up (a
+        slow wipe must not look like a hung worker)."""
+        now = time.monotonic()
+        if now - self._last_alive >= 1.0:
+            write_frame(1, {"alive": True})
+            self._last_alive = now
 
     def _supervise(self, pid: int, grader: tuple[int, int] | None, res_r: int, err_r: int,
                    deadline: float, stream_from: float | None,

@@ -598,6 +598,9 @@ class _Batch:
                 self.fill(slot)
                 return
             i, number = state.queue[0]
+            if header.get("alive"):  # busy cleaning up after the check: not hung
+                state.deadline = max(state.deadline, time.monotonic() + _REPLY_GRACE_S)
+                continue
             if header.get("partial"):
                 self.stream(state, worker, i, number, payload, bool(header.get("grader")))
                 continue
