@@ -1031,7 +1031,7 @@ def test_fail_fast_is_not_an_answer_oracle_across_checks():
     assert not _key_in_user_keyring(uid, "labkit-oracle")
 
 
-# ----------------------------------------------------------------------------- the parent's decoding
+# ----------------------------------------------------------------------------- decoding
 
 LOAD, END = '{"k":"load","ok":true}', '{"k":"end"}'
 MALFORMED_OUTPUTS = {

@@ -21,14 +21,19 @@ Lifetime of a worker:
    later inherits all of this for free.
 2. Freeze the heap for the cycle collector (less copy-on-write in children) and report which
    protections are active.
-3. Per job: fork a child that starts a new session, gets a fresh working directory,
-   rlimits, a fresh IPC namespace (System V queues, semaphores and shared memory, POSIX
-   message queues: nothing carries over between checks), the sandbox uid, ``/dev/null`` as
-   stdin and stdout, a pipe as stderr and a separate result pipe; the child executes the candidate module and writes one JSON line
-   per test. The worker enforces the wall deadline, caps what it reads, kills the child's
-   process group, sweeps whatever the uid left behind, reaps zombies, wipes the private tmp
-   directories and replies with the raw result lines. Grading happens in the parent:
-   expected values never reach this process.
+3. Per job: when the job has assert tests (the frame's payload), fork the **grader** with
+   them, then zero the only copy here; fork the **child**, which starts a new session, gets
+   a fresh working directory, rlimits, a fresh IPC namespace (System V queues, semaphores
+   and shared memory, POSIX message queues: nothing carries over between checks), the
+   sandbox uid, its own session keyring and its uid's keyrings emptied, ``/dev/null`` as
+   stdin and stdout, a pipe as stderr and a separate output pipe, and then the seccomp
+   filter; the child executes the candidate module, writes one JSON line per IO case, and
+   answers the grader's calls. The grader runs the assert tests with ``candidate`` bound to
+   a proxy of those calls and writes its verdicts on a pipe of its own. The worker enforces
+   the wall deadline, caps what it reads, kills both process groups, sweeps whatever the uid
+   left behind, reaps zombies, gives the private tmp directories a new tmpfs and replies
+   with the raw lines. Expected values of IO cases never reach this process; the parent
+   grades them.
 
 Channels: jobs arrive on stdin and replies leave on stdout as frames (``struct '>II'``:
 header length, payload length; a UTF-8 JSON header; the payload bytes). For a fail-fast job
@@ -604,8 +609,8 @@ class Isolation:
         if os.stat("/").st_dev != root_device:
             raise RuntimeError("pivot_root did not leave the new root at /")
         self.private_dirs = ["/tmp", "/dev/shm"]
-        self._tmpfs_options = {path: (MS_NOSUID | MS_NODEV, f"mode=1777,size={self.cfg['tmpfs_mb']}m")
-                               for path in self.private_dirs}
+        options = f"mode=1777,size={self.cfg['tmpfs_mb']}m"
+        self._tmpfs_options = {path: (MS_NOSUID | MS_NODEV, options) for path in self.private_dirs}
         self.protections.update(allowlist_root=True, readonly_root=True, hidden_paths=True,
                                 private_tmp=True)
 
@@ -1096,7 +1101,8 @@ def run_tests(job: dict, max_output_bytes: int, serve: bool = False) -> int:
     what it returned. Every helper used here is bound to a local first, so a candidate
     rebinding module attributes cannot reach it.
     """
-    write, dumps, encode, decode, loads = os.write, json.dumps, plain.encode, plain.decode, json.loads
+    write, dumps, loads = os.write, json.dumps, json.loads
+    encode, decode = plain.encode, plain.decode
     describe, reader = _describe, LineReader
 
     def emitter(fd: int, budget: int):

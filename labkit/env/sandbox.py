@@ -7,20 +7,27 @@ Design (the threat model, and which test checks each answer, are in ``docs/sandb
   (:mod:`labkit.env.plain`, exact builtin types only). The expected value never leaves this
   process; it is compared here with :func:`~labkit.env.plain.strict_equal` (or the case's
   ``approx`` / ``truthy`` / ``falsy`` mode). Always-equal objects, ``int``/``str`` subclasses,
-  patched builtins and forged result lines therefore earn nothing. An
-  :class:`~labkit.env.records.AssertTest` runs inside the child and is reported with
-  ``graded_in="child"``: weaker, because the untrusted process produces its verdict.
+  patched builtins and forged result lines therefore earn nothing. Outputs are decoded with
+  :func:`~labkit.env.plain.decode_untrusted`: it never raises and costs time linear in the
+  reply (a malformed reply voids that one check), and a grading failure is confined to its
+  check.
+* **No verdict in the candidate's process.** An :class:`~labkit.env.records.AssertTest` runs
+  in the worker's *grader*, a trusted process forked before the child that never runs
+  candidate code: ``candidate`` is a proxy whose calls go to the child and come back as
+  plain data. Its verdicts travel on a pipe no process of the check holds
+  (``graded_in="grader"``), and the child never holds the tests' source.
 * **Warm fork-server pool.** ``workers`` processes (``_worker.py``, standard library only)
   are started once; each check is a ``fork`` of a warm worker, so there is no interpreter
   start, no re-import and no namespace creation per check (except a fresh IPC namespace).
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
-  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, stdin and stdout
-  on ``/dev/null``, stderr and results on capped pipes, a private working directory, a fresh
-  IPC namespace, a wall deadline enforced by the worker, then the process group killed and
-  everything the uid left swept. Where the process is root on Linux each worker also lives
-  in an empty network namespace and a private mount namespace whose root is an
-  **allow-list**: the standard library, the interpreter and its shared libraries, a few
-  device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
+  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, a seccomp
+  system-call filter (:mod:`labkit.env.syscall_filter`), the uid's keyrings emptied, stdin
+  and stdout on ``/dev/null``, stderr and results on capped pipes, a private working
+  directory, a fresh IPC namespace, a wall deadline enforced by the worker, then the process
+  group killed and everything the uid left swept. Where the process is root on Linux each
+  worker also lives in an empty network namespace and a private mount namespace whose root
+  is an **allow-list**: the standard library, the interpreter and its shared libraries, a
+  few device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
   ``/dev/shm``. No other file of the host (this checkout, virtualenvs, ``/opt``, ``/home``,
   ...) exists there. Elsewhere it degrades and :attr:`Sandbox.protections` says what is off.
 * **Bounded parsing.** Code over :attr:`SandboxConfig.max_code_bytes` is graded as an error
@@ -396,7 +403,8 @@ class Sandbox:
         ``process_sweep``, ``non_root_uid``, ``no_new_privs``, ``net_namespace``,
         ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``allowlist_root``
         (the file system holds only the allow-list), ``readonly_root``, ``hidden_paths``,
-        ``private_tmp``."""
+        ``private_tmp``, ``seccomp`` (the system-call filter; :attr:`notes` says why when it
+        is off)."""
         self.start()
         return dict(self._protections)
 
@@ -974,7 +982,8 @@ def _line_fails(suite: TestSuite, line: bytes, grader: bool = False) -> bool:
         return False
     i = rec.get("i")
     n_cases = len(suite.cases)
-    if type(i) is not int or not (n_cases if grader else 0) <= i < (suite.total if grader else n_cases):
+    low, high = (n_cases, suite.total) if grader else (0, n_cases)
+    if type(i) is not int or not low <= i < high:
         return True
     if grader:
         return rec.get("ok") is not True
