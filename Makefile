@@ -1,5 +1,6 @@
 # The README's two commands: `make lab` (the lab's main job) and `make test` (the suite).
-# Both create .venv when it is missing and install everything first; `make test` also
+# Both create .venv when it is missing and install everything first, with libseccomp for the
+# sandbox's system-call filter when it is missing (.ci/ensure-libseccomp); `make test` also
 # installs Debian's Chromium for the browser tests when it is missing (.ci/ensure-chromium).
 PYTHON ?= python3.11
 VENV   := .venv
@@ -7,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test chromium install verl-extra jupyter bench clean-venv
+.PHONY: lab test chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +23,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	$(PIP) check
 	touch $(STAMP)
 
-install: $(STAMP)
+install: libseccomp $(STAMP)
 
 # verl (optional, for the scale-out checks): its packages without their dependencies, in a
 # folder beside the virtualenv that only the verl adapter's checks put on PYTHONPATH, so the
@@ -36,20 +37,23 @@ $(VERL_STAMP): $(STAMP) requirements-verl.txt
 
 verl-extra: $(VERL_STAMP)
 
-lab: $(STAMP)
+lab: libseccomp $(STAMP)
 	$(PY) -m labkit lab $(LAB_ARGS)
 
 # Chromium first: a missing browser that cannot be installed stops before the long venv build.
-test: chromium $(STAMP) $(VERL_STAMP)
+test: chromium libseccomp $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
 
 chromium:
 	.ci/ensure-chromium
 
+libseccomp:
+	.ci/ensure-libseccomp
+
 jupyter: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
 
-bench: $(STAMP)
+bench: libseccomp $(STAMP)
 	$(PY) -m labkit.bench sandbox
 
 clean-venv:

@@ -85,3 +85,17 @@ def test_step_bench_dense_share_reports_a_bound_and_trains_as_without_it():
     assert dense["weights_digest"] == plain["weights_digest"]
     assert dense["completion_tokens"] == plain["completion_tokens"]
     assert dense["decode_positions_incl_padding"] == plain["decode_positions_incl_padding"]
+
+
+def test_sandbox_cost_bench_reports_both_costs_from_its_runs():
+    p = subprocess.run([sys.executable, "-m", "labkit.bench", "sandbox", "--costs", "--workers",
+                        "1", "--rounds", "1", "--checks", "5"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "sandbox_costs" and out["rounds"] == 1
+    assert out["seccomp"]["without"] is False
+    rates = out["checks_per_s_median"]
+    assert all(rates[k] > 0 for k in ("filter", "no_filter", "io_cases", "asserts"))
+    assert out["asserts_ms_per_check"] == pytest.approx(
+        1000 / rates["asserts"] - 1000 / rates["io_cases"], abs=0.01)

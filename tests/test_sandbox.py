@@ -173,15 +173,30 @@ def test_unknown_compare_mode_is_refused(sandbox):
         sandbox.run(Candidate(ADD, suite(IOCase((1, 2), 3, compare="close")), "add"))
 
 
-def test_assert_tests_run_in_the_child_with_setup(sandbox):
+def test_assert_tests_run_in_the_grader_with_setup(sandbox):
     tests = suite(asserts=(AssertTest("assert candidate(2, 3) == helper(5)", "a"),
                            AssertTest("assert candidate(2, 2) == 5", "b")),
                   setup="def helper(x):\n    return x\n")
     r = sandbox.run(Candidate(ADD, tests, "add"))
     assert r.status is Status.FAILED and r.passed == 1
-    assert [(o.name, o.ok, o.graded_in) for o in r.outcomes] == [("a", True, "child"),
-                                                                 ("b", False, "child")]
+    assert [(o.name, o.ok, o.graded_in) for o in r.outcomes] == [("a", True, "grader"),
+                                                                 ("b", False, "grader")]
     assert r.outcomes[1].detail.startswith("raised AssertionError")
+
+
+def test_assert_tests_see_the_candidates_exceptions_and_copies_of_the_arguments(sandbox):
+    """Through the proxy a call that raises a builtin exception raises that exception in
+    the test, and the candidate gets copies: mutating its argument changes nothing here."""
+    code = ("def f(xs):\n    if not xs:\n        raise ValueError('empty')\n"
+            "    xs.append(99)\n    return len(xs)\n")
+    tests = suite(asserts=(
+        AssertTest("try:\n    candidate([])\nexcept ValueError as e:\n"
+                   "    assert str(e) == 'empty'\nelse:\n    assert False", "raises"),
+        AssertTest("xs = [1, 2]\nassert candidate(xs) == 3 and xs == [1, 2]", "copies"),
+        AssertTest("assert candidate(xs=[5]) == 2", "keywords"),
+    ))
+    r = sandbox.run(Candidate(code, tests, "f"))
+    assert r.ok, r.outcomes
 
 
 def test_failing_setup_fails_every_assert(sandbox):

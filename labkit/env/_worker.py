@@ -21,14 +21,19 @@ Lifetime of a worker:
    later inherits all of this for free.
 2. Freeze the heap for the cycle collector (less copy-on-write in children) and report which
    protections are active.
-3. Per job: fork a child that starts a new session, gets a fresh working directory,
-   rlimits, a fresh IPC namespace (System V queues, semaphores and shared memory, POSIX
-   message queues: nothing carries over between checks), the sandbox uid, ``/dev/null`` as
-   stdin and stdout, a pipe as stderr and a separate result pipe; the child executes the candidate module and writes one JSON line
-   per test. The worker enforces the wall deadline, caps what it reads, kills the child's
-   process group, sweeps whatever the uid left behind, reaps zombies, wipes the private tmp
-   directories and replies with the raw result lines. Grading happens in the parent:
-   expected values never reach this process.
+3. Per job: when the job has assert tests (the frame's payload), fork the **grader** with
+   them, then zero the only copy here; fork the **child**, which starts a new session, gets
+   a fresh working directory, rlimits, a fresh IPC namespace (System V queues, semaphores
+   and shared memory, POSIX message queues: nothing carries over between checks), the
+   sandbox uid, its own session keyring and its uid's keyrings emptied, ``/dev/null`` as
+   stdin and stdout, a pipe as stderr and a separate output pipe, and then the seccomp
+   filter; the child executes the candidate module, writes one JSON line per IO case, and
+   answers the grader's calls. The grader runs the assert tests with ``candidate`` bound to
+   a proxy of those calls and writes its verdicts on a pipe of its own. The worker enforces
+   the wall deadline, caps what it reads, kills both process groups, sweeps whatever the uid
+   left behind, reaps zombies, gives the private tmp directories a new tmpfs and replies
+   with the raw lines. Expected values of IO cases never reach this process; the parent
+   grades them.
 
 Channels: jobs arrive on stdin and replies leave on stdout as frames (``struct '>II'``:
 header length, payload length; a UTF-8 JSON header; the payload bytes). For a fail-fast job
@@ -43,7 +48,9 @@ numbered 1, 2, ... on both sides) to the control pipe to have it stopped.
 
 from __future__ import annotations
 
+import builtins
 import ctypes
+import fcntl
 import functools
 import gc
 import glob
@@ -55,7 +62,6 @@ import random
 import re
 import resource
 import select
-import shutil
 import signal
 import socket
 import stat
@@ -81,6 +87,8 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 0x4000, 0x40000, 0x200000, 0x1000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
+CLONE_NEWUSER = 0x10000000
 MNT_DETACH = 2
 # statvfs flags that a bind mount must keep when remounted (they may be locked)
 ST_KEEP, ST_RELATIME = 0x2 | 0x4 | 0x8 | 0x400 | 0x800, 0x1000  # nosuid nodev noexec noatime nodiratime
@@ -89,13 +97,23 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "risc
                   "loongarch64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i386": 217,
                   "i686": 217, "armv7l": 218, "armv6l": 218}
 IPC_RMID = 0
+# keyctl (include/uapi/linux/keyctl.h) has no libc wrapper either
+SYS_KEYCTL = {"x86_64": 250, "amd64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219,
+              "loongarch64": 219, "ppc64le": 271, "ppc64": 271, "s390x": 280, "i386": 288,
+              "i686": 288, "armv7l": 311, "armv6l": 311}
+KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 0, 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
 DEVICES = ("null", "zero", "full", "random", "urandom")  # the device nodes a check gets
 PRIVATE_IN_VIEW = ("/tmp", "/dev", "/proc")  # what the allow-list view mounts itself
 MOUNT_OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                       "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
                       "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 
-RESULT_FD = 3  # the child's result channel
+RESULT_FD = 3  # the child's output channel: load, one line per IO case, end
+CALL_FD, REPLY_FD = 4, 5  # the child's end of the grader's calls: requests in, outputs out
+VERDICT_FD = 3  # the grader's verdict channel (in the grader process)
+GRADER_CALL_FD, GRADER_REPLY_FD = 4, 5  # the grader's ends of the call pipes
+MAX_REQUEST_INT_DIGITS = 20  # raw JSON ints an honest peer writes are below 2**53
 REAP_GRACE_S = 2.0  # how long to wait for killed processes to be reaped
 STREAM_AFTER_S = 0.05  # fail-fast checks forward their lines once they have run this long
 
@@ -175,15 +193,38 @@ def read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def read_frame(fd: int) -> tuple[dict, bytes] | None:
+def read_into(fd: int, size: int) -> bytearray | None:
+    """``size`` bytes from ``fd`` read straight into a new ``bytearray`` (no other copy is
+    made in this process, so that zeroing it erases them), or ``None`` at end of file."""
+    buffer = bytearray(size)
+    done = 0
+    with memoryview(buffer) as view:
+        while done < size:
+            with view[done:] as rest:
+                n = os.readv(fd, [rest])
+            if n == 0:
+                return None
+            done += n
+    return buffer
+
+
+def zero(buffer: bytearray) -> None:
+    """Overwrite ``buffer`` in place."""
+    buffer[:] = bytes(len(buffer))
+
+
+def read_frame(fd: int) -> tuple[dict, bytearray] | None:
+    """A frame from ``fd``: its JSON header and its payload (a ``bytearray``, see
+    :func:`read_into`), or ``None`` at end of file."""
     head = read_exact(fd, FRAME.size)
     if head is None:
         return None
     n_header, n_payload = FRAME.unpack(head)
-    body = read_exact(fd, n_header + n_payload)
-    if body is None:
+    header = read_exact(fd, n_header)
+    payload = read_into(fd, n_payload) if header is not None else None
+    if payload is None:
         return None
-    return json.loads(body[:n_header]), body[n_header:]
+    return json.loads(header), payload
 
 
 def write_frame(fd: int, header: dict, payload: bytes = b"") -> None:
@@ -439,10 +480,12 @@ class Isolation:
             "minimal_env": True, "process_sweep": True, "non_root_uid": False,
             "no_new_privs": False, "net_namespace": False, "mount_namespace": False,
             "ipc_namespace": False, "allowlist_root": False, "readonly_root": False,
-            "hidden_paths": False, "private_tmp": False,
+            "hidden_paths": False, "private_tmp": False, "seccomp": False,
         }
         self.ipc_per_check = False  # children unshare a fresh IPC namespace
-        self.private_dirs: list[str] = []  # private tmpfs mounts, wiped after every check
+        self.private_dirs: list[str] = []  # private tmpfs mounts, new for every check
+        self._tmpfs_options: dict[str, tuple[int, str]] = {}  # their flags and options
+        self.seccomp: SockFprog | None = None  # the filter every check's processes install
         self.shared_tmp_dirs: list[str] = []  # host tmp dirs to clean of the uid's files
         self._uid_lock: socket.socket | None = None
         try:
@@ -469,6 +512,35 @@ class Isolation:
             self.shared_tmp_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
                                     if os.path.isdir(d)]
         os.chdir("/")
+        if cfg.get("seccomp_bpf"):
+            self._load_filter(bytes.fromhex(cfg["seccomp_bpf"]))
+        else:
+            self.notes.append(cfg.get("seccomp_note") or "no seccomp filter was sent")
+
+    def _load_filter(self, program: bytes) -> None:
+        """Keep the BPF program for the children, after checking in a throwaway child that it
+        installs and denies what it should (a new user namespace, ``personality``)."""
+        self._bpf = ctypes.create_string_buffer(program, len(program))
+        fprog = SockFprog(len(program) // 8, ctypes.addressof(self._bpf))
+        probe = os.fork()
+        if probe == 0:
+            code = 3
+            try:
+                install_filter(fprog)
+                denied = (libc.unshare(CLONE_NEWUSER) != 0 and ctypes.get_errno() == 1
+                          and libc.personality(ctypes.c_ulong(0xFFFFFFFF)) == -1)
+                code = 0 if denied else 4
+            except BaseException:
+                code = 5
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(probe, 0)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+            self.seccomp = fprog
+            self.protections["seccomp"] = True
+        else:
+            self.notes.append(f"the seccomp filter did not load or deny in a probe (status "
+                              f"{status}): checks run without it")
 
     def _claim_uid(self, base: int) -> None:
         """Take the first uid from ``base`` that no other sandbox worker on this host holds."""
@@ -537,6 +609,8 @@ class Isolation:
         if os.stat("/").st_dev != root_device:
             raise RuntimeError("pivot_root did not leave the new root at /")
         self.private_dirs = ["/tmp", "/dev/shm"]
+        options = f"mode=1777,size={self.cfg['tmpfs_mb']}m"
+        self._tmpfs_options = {path: (MS_NOSUID | MS_NODEV, options) for path in self.private_dirs}
         self.protections.update(allowlist_root=True, readonly_root=True, hidden_paths=True,
                                 private_tmp=True)
 
@@ -595,6 +669,7 @@ class Isolation:
                 try:
                     _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{size}")
                     self.private_dirs.append(path)
+                    self._tmpfs_options[path] = (MS_NOSUID | MS_NODEV, f"mode=1777,{size}")
                 except OSError as e:
                     self.notes.append(f"cannot mount a private tmpfs on {path}: {e}")
         self.protections["private_tmp"] = "/tmp" in self.private_dirs
@@ -688,6 +763,7 @@ class Isolation:
             except ProcessLookupError:
                 pass
             finally:
+                clear_keyrings(user=True)  # the uid's own keyrings (when it could write them)
                 os._exit(0)
         os.waitpid(helper, 0)
 
@@ -703,22 +779,32 @@ class Isolation:
                     pass
             reap_all(REAP_GRACE_S)
 
-    def wipe(self, workdir: str) -> None:
-        """Remove what the check wrote: the private tmpfs contents, or, on shared tmp dirs,
-        the top-level entries owned by the sandbox uid, and the working directory."""
+    def wipe(self, workdir: str, tick=None) -> str:
+        """Remove what the check wrote: each private tmpfs is replaced by a new, empty one
+        (the old one is detached, whatever it holds); on shared tmp dirs the top-level
+        entries the sandbox uid owns are removed, and the working directory. Never raises:
+        returns ``""``, or why something could not be removed (the worker then retires, so
+        that nothing carries over to another check). ``tick`` is called now and then while
+        a large tree is removed from a disk (see :func:`remove_tree`)."""
+        problems = []
         for directory in self.private_dirs:
-            for entry in os.scandir(directory):
-                _remove(entry.path)
+            flags, options = self._tmpfs_options[directory]
+            try:
+                _libc_call("umount2", directory.encode(), ctypes.c_int(MNT_DETACH))
+                _mount("tmpfs", directory, "tmpfs", flags, options)
+            except OSError as e:
+                problems.append(f"cannot renew the tmpfs on {directory}: {e}")
         for directory in self.shared_tmp_dirs:
-            for entry in os.scandir(directory):
-                try:
-                    if entry.stat(follow_symlinks=False).st_uid == self.uid:
-                        _remove(entry.path)
-                except FileNotFoundError:
-                    pass
-        if os.path.lexists(workdir):
-            _remove(workdir)
-
+            try:
+                entries = [e for e in os.scandir(directory)
+                           if _owner(e) == self.uid]
+            except OSError as e:
+                problems.append(f"cannot list {directory}: {e}")
+                continue
+            for entry in entries:
+                problems += remove_tree(entry.path, tick)
+        problems += remove_tree(workdir, tick)
+        return "; ".join(problems)[:500]
 
     def remove_ipc_objects(self) -> None:
         """Without an IPC namespace per check: remove the System V message queues, semaphore
@@ -757,14 +843,81 @@ def _under(path: str, ancestor: str) -> bool:
     return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
+def _owner(entry: os.DirEntry) -> int | None:
+    try:
+        return entry.stat(follow_symlinks=False).st_uid
+    except OSError:
+        return None
+
+
+def remove_tree(path: str, tick=None) -> list[str]:
+    """Remove ``path`` and everything under it, however deep, without recursion and without
+    building long paths: descend one directory at a time through file descriptors, unlinking
+    the files met on the way, and climb back through ``..`` (every process that could change
+    the tree has been killed). Memory grows with the depth (one name per level), time with
+    the number of entries (on a disk, removing a directory can take milliseconds: ``tick``
+    is called every 256 entries, so that the worker can tell the parent it is alive).
+    Never raises: returns what could not be removed."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
+            return []
+        top = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [f"cannot remove {path}: {e}"]
+    names = [os.path.basename(path)]  # from the top down to the directory being emptied
+    fd, count = -1, 0
+    try:
+        fd = _open_dir(names[0], top)
+        while True:
+            sub = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    count += 1
+                    if tick is not None and count % 256 == 0:
+                        tick()
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    try:
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+            if sub is not None:  # go down
+                inner = _open_dir(sub, fd)
+                os.close(fd)
+                fd = inner
+                names.append(sub)
+                continue
+            name = names.pop()  # this directory is empty now
+            if not names:
+                os.close(fd)
+                fd = -1
+                os.rmdir(name, dir_fd=top)
+                return []
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(name, dir_fd=fd)
+    except (OSError, MemoryError) as e:
+        return [f"cannot remove {path} ({len(names)} levels down): {e}"]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.close(top)
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """Open the directory ``name`` inside ``dir_fd`` without following a link, making it
+    searchable first if a check left it mode 000."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
 
 
 def _descendants(root: int) -> list[int]:
@@ -805,78 +958,172 @@ def reap_all(grace_s: float) -> None:
         time.sleep(0.001)
 
 
+# ----------------------------------------------------------------------------- both processes
+
+
+class SockFprog(ctypes.Structure):
+    """``struct sock_fprog``: a BPF program for ``PR_SET_SECCOMP``."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_filter(fprog: SockFprog) -> None:
+    """Install the seccomp filter in this process (for good: it is inherited and cannot be
+    removed). Needs ``no_new_privs``, which the worker set."""
+    _libc_call("prctl", ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+               ctypes.c_void_p(ctypes.addressof(fprog)), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def clear_keyrings(user: bool) -> None:
+    """Give this process a session keyring of its own (so it does not share the worker's),
+    and with ``user`` empty the user and user-session keyrings of its uid, which the kernel
+    keeps per uid after every process of it has ended. Only for a uid of the sandbox's own:
+    never empty the keyrings of a user who runs other things. Best effort, silent."""
+    number = SYS_KEYCTL.get(platform.machine())
+    if number is None:
+        return
+    keyctl = functools.partial(libc.syscall, ctypes.c_long(number))
+    keyctl(ctypes.c_int(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None))
+    if not user:
+        return
+    for spec in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        serial = keyctl(ctypes.c_int(KEYCTL_GET_KEYRING_ID), ctypes.c_int(spec), ctypes.c_int(0))
+        if serial > 0:  # it exists (asking does not create it)
+            keyctl(ctypes.c_int(KEYCTL_CLEAR), ctypes.c_int(serial))
+
+
+def _place_fds(targets: dict[int, int]) -> None:
+    """``dup2`` each source descriptor onto its target number (targets are small numbers),
+    whatever numbers the sources have, then close every other descriptor."""
+    moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD, 64) for target, source in targets.items()}
+    for target, source in moved.items():
+        os.dup2(source, target)
+    os.closerange(max(targets) + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
+
+
+def _set_limits(limits: dict, nproc: bool) -> None:
+    mib = 1 << 20
+    for which, soft, hard in (
+        (resource.RLIMIT_CPU, limits["cpu_s"], limits["cpu_s"] + 1),
+        (resource.RLIMIT_AS, limits["memory_mb"] * mib, limits["memory_mb"] * mib),
+        (resource.RLIMIT_FSIZE, limits["fsize_mb"] * mib, limits["fsize_mb"] * mib),
+        (resource.RLIMIT_NOFILE, limits["nofile"], limits["nofile"]),
+        (resource.RLIMIT_CORE, 0, 0),
+        *([(resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"])] if nproc else []),
+    ):
+        resource.setrlimit(which, (soft, hard))
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class LineReader:
+    """Reads newline-terminated lines from a descriptor, each at most ``cap`` bytes."""
+
+    def __init__(self, fd: int, cap: int):
+        self.fd, self.cap = fd, cap
+        self.buffer = bytearray()
+
+    def line(self) -> bytes | None:
+        """The next line (without its newline), ``None`` at end of file. Raises
+        :class:`ValueError` for a line longer than the cap."""
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[:end])
+                del self.buffer[:end + 1]
+                return line
+            if len(self.buffer) > self.cap:
+                raise ValueError(f"a line longer than {self.cap} bytes")
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > MAX_REQUEST_INT_DIGITS:
+        raise ValueError("a raw JSON integer this long is never written by the peer")
+    return int(text)
+
+
 # ----------------------------------------------------------------------------- the child
 
 
-def child_main(job: dict, cfg: dict, uid: int | None, workdir: str, devnull: int, err_w: int,
-               res_w: int, new_ipc: bool = False) -> None:
-    """Runs in the forked child: confine the process, then run the candidate and its tests.
-    With ``new_ipc`` it first enters a fresh IPC namespace of its own (what it creates there
-    dies with the check).
+def child_main(job: dict, cfg: dict, iso: Isolation, workdir: str, devnull: int, err_w: int,
+               res_w: int, calls: tuple[int, int] | None) -> None:
+    """Runs in the forked child: confine the process, then run the candidate: its IO cases,
+    then (with ``calls``, the read end of the grader's requests and the write end of the
+    replies) the calls the grader makes for the assert tests.
 
-    Never returns: the process ends with ``os._exit`` so neither the worker's nor the
-    candidate's ``atexit`` handlers run.
+    Confinement, in order: a new session, the descriptors it needs and no other, a fresh
+    IPC namespace, rlimits, the sandbox uid, a session keyring of its own (and its uid's
+    keyrings emptied), then the seccomp filter. Never returns: the process ends with
+    ``os._exit`` so neither the worker's nor the candidate's ``atexit`` handlers run.
     """
     status = 70
     try:
         os.setsid()
-        os.dup2(devnull, 0)
-        os.dup2(devnull, 1)
-        os.dup2(err_w, 2)
-        os.dup2(res_w, RESULT_FD)
-        os.closerange(RESULT_FD + 1, max(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 256))
+        fds = {0: devnull, 1: devnull, 2: err_w, RESULT_FD: res_w}
+        if calls is not None:
+            fds.update({CALL_FD: calls[0], REPLY_FD: calls[1]})
+        _place_fds(fds)
         os.chdir(workdir)
-        if new_ipc:
+        if iso.ipc_per_check:
             _libc_call("unshare", CLONE_NEWIPC)
-        limits = cfg["limits"]
-        mib = 1 << 20
-        for which, soft, hard in (
-            (resource.RLIMIT_CPU, limits["cpu_s"], limits["cpu_s"] + 1),
-            (resource.RLIMIT_AS, limits["memory_mb"] * mib, limits["memory_mb"] * mib),
-            (resource.RLIMIT_NPROC, limits["nproc"], limits["nproc"]),
-            (resource.RLIMIT_FSIZE, limits["fsize_mb"] * mib, limits["fsize_mb"] * mib),
-            (resource.RLIMIT_NOFILE, limits["nofile"], limits["nofile"]),
-            (resource.RLIMIT_CORE, 0, 0),
-        ):
-            resource.setrlimit(which, (soft, hard))
-        if uid is not None:
+        _set_limits(cfg["limits"], nproc=True)
+        if iso.uid is not None:
             os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            os.setgid(iso.uid)
+            os.setuid(iso.uid)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after setuid
+        clear_keyrings(user=iso.uid is not None)
+        if iso.seccomp is not None:
+            install_filter(iso.seccomp)
         sys.argv = ["candidate"]
         random.seed(0)  # deterministic verdicts whatever worker runs the check
-        status = run_tests(job, cfg["max_output_bytes"])
+        status = run_tests(job, cfg["max_output_bytes"], serve=calls is not None)
     finally:
         os._exit(status)
 
 
-def run_tests(job: dict, max_output_bytes: int) -> int:
-    """Load the candidate, run its tests, stream one JSON line per test to ``RESULT_FD``.
+def run_tests(job: dict, max_output_bytes: int, serve: bool = False) -> int:
+    """Load the candidate, call it on every IO case, stream one JSON line per case to
+    ``RESULT_FD``; then, with ``serve``, answer the grader's calls until it hangs up.
 
-    Lines: ``{"k":"load","ok":true}`` (or ``"ok":false`` with ``"x"``: why), then for test
-    ``i`` either ``{"i":i,"v":<plain-encoded output>}``, ``{"i":i,"x":"<exception>"}``,
-    ``{"i":i,"u":"<why the output is not plain>"}`` (IO cases) or ``{"i":i,"ok":true}`` /
-    ``{"i":i,"x":...}`` (asserts), and finally ``{"k":"end"}``. Every helper used here is
-    bound to a local first, so a candidate rebinding module attributes cannot reach it.
+    Lines: ``{"k":"load","ok":true}`` (or ``"ok":false`` with ``"x"``: why), then for case
+    ``i`` either ``{"i":i,"v":<plain-encoded output>}``, ``{"i":i,"x":"<exception>"}`` or
+    ``{"i":i,"u":"<why the output is not plain>"}``, and finally ``{"k":"end"}``. These are
+    outputs, not verdicts: whatever the candidate writes here is graded in the parent as
+    what it returned. Every helper used here is bound to a local first, so a candidate
+    rebinding module attributes cannot reach it.
     """
-    write, dumps, encode, decode = os.write, json.dumps, plain.encode, plain.decode
-    budget = [max_output_bytes - 64]  # keep room for the end line
+    write, dumps, loads = os.write, json.dumps, json.loads
+    encode, decode = plain.encode, plain.decode
+    describe, reader = _describe, LineReader
 
-    def emit(record: dict) -> None:
-        try:
-            data = (dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
-        except BaseException as e:
-            data = (dumps({"i": record.get("i"), "u": f"cannot serialise: {_describe(e)}"})
-                    + "\n").encode()
-        if len(data) > budget[0]:
-            data = (dumps({"i": record.get("i"), "u": "output larger than the output cap"})
-                    + "\n").encode()
-        budget[0] -= len(data)
-        view = memoryview(data)
-        while view:
-            view = view[write(RESULT_FD, view):]
+    def emitter(fd: int, budget: int):
+        left = [budget - 64]  # keep room for the end line
 
+        def emit(record: dict) -> None:
+            try:
+                data = (dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+            except BaseException as e:
+                data = (dumps({"i": record.get("i"), "u": f"cannot serialise: {describe(e)}"})
+                        + "\n").encode()
+            if len(data) > left[0]:
+                data = (dumps({"i": record.get("i"), "u": "output larger than the output cap"})
+                        + "\n").encode()
+            left[0] -= len(data)
+            view = memoryview(data)
+            while view:
+                view = view[write(fd, view):]
+        return emit
+
+    emit = emitter(RESULT_FD, max_output_bytes)
     namespace = {"__name__": "__candidate__", "__builtins__": __builtins__}
     try:
         exec(compile(job["code"], "<candidate>", "exec"), namespace)
@@ -884,43 +1131,35 @@ def run_tests(job: dict, max_output_bytes: int) -> int:
         if not callable(function):
             raise TypeError(f"entry point {job['entry']!r} is not defined or not callable")
     except BaseException as e:
-        emit({"k": "load", "ok": False, "x": _describe(e)})
+        emit({"k": "load", "ok": False, "x": describe(e)})
         return 0
     emit({"k": "load", "ok": True})
 
-    index = 0
-    for encoded_args in job["args"]:
+    def call(index: int | None, args: tuple, kwargs: dict, out) -> None:
         try:
-            output = function(*decode(encoded_args))
+            output = function(*args, **kwargs)
         except BaseException as e:
-            emit({"i": index, "x": _describe(e)})
+            out({"i": index, "x": describe(e)})
         else:
             try:
-                emit({"i": index, "v": encode(output)})
+                out({"i": index, "v": encode(output)})
             except BaseException as e:
-                emit({"i": index, "u": _describe(e)})
-        index += 1
+                out({"i": index, "u": describe(e)})
 
-    if job["asserts"]:
-        scope = {"__name__": "__test__", "candidate": function}
-        try:
-            exec(compile(job["setup"], "<test setup>", "exec"), scope)
-            setup_error = None
-        except BaseException as e:
-            setup_error = f"test setup failed: {_describe(e)}"
-        scope["candidate"] = function
-        for source in job["asserts"]:
-            if setup_error is not None:
-                emit({"i": index, "x": setup_error})
-            else:
-                try:
-                    exec(compile(source, "<test>", "exec"), scope)
-                except BaseException as e:
-                    emit({"i": index, "x": _describe(e)})
-                else:
-                    emit({"i": index, "ok": True})
-            index += 1
+    for index, encoded_args in enumerate(job["args"]):
+        call(index, decode(encoded_args), {}, emit)
     emit({"k": "end"})
+    if serve:  # the grader's calls: one request line in, one reply line out, in order
+        requests = reader(CALL_FD, 1 << 26)
+        while True:
+            try:
+                line = requests.line()
+            except BaseException:
+                break
+            if line is None:
+                break
+            args, kwargs = decode(loads(line))
+            call(None, args, kwargs, emitter(REPLY_FD, max_output_bytes))
     return 0
 
 
@@ -934,6 +1173,126 @@ def _describe(exc: BaseException) -> str:
         return "exception that cannot be described"
 
 
+# ----------------------------------------------------------------------------- the grader
+
+
+class CandidateError(Exception):
+    """The candidate raised an exception in a call (its type is not a builtin exception),
+    its process is gone, or its output is not a plain value."""
+
+
+class CandidateProxy:
+    """What an assert test calls ``candidate``: each call's arguments go to the sandboxed
+    child as plain-encoded data (so the child gets copies), the child calls the entry point,
+    and its output comes back decoded to exact builtin values (``plain.decode``). A call in
+    which the candidate raised re-raises the builtin exception of that name (``ValueError``,
+    ...) or :class:`CandidateError`. No object of the candidate ever exists here."""
+
+    def __init__(self, call_fd: int, reply_fd: int, cap: int):
+        self.call_fd = call_fd
+        self.replies = LineReader(reply_fd, cap)
+        self.gone = ""
+
+    def __call__(self, *args, **kwargs):
+        if self.gone:
+            raise CandidateError(self.gone)
+        try:
+            request = json.dumps(plain.encode((args, kwargs)), separators=(",", ":"))
+        except (plain.NotPlain, ValueError) as e:
+            raise TypeError(f"the test passed a value that cannot be sent to the candidate: "
+                            f"{e}") from None
+        try:
+            write_all(self.call_fd, request.encode() + b"\n")
+            line = self.replies.line()
+        except (OSError, ValueError) as e:
+            line, self.gone = None, f"the candidate's output could not be read: {e}"
+        if line is None:
+            self.gone = self.gone or "the candidate's process ended during a call"
+            raise CandidateError(self.gone)
+        try:
+            reply = json.loads(line, parse_int=_parse_int)
+            kind = next(k for k in ("v", "x", "u") if type(reply) is dict and k in reply)
+        except (ValueError, RecursionError, StopIteration):
+            raise CandidateError("the candidate's reply is not a plain value") from None
+        if kind == "v":
+            try:
+                return plain.decode(reply["v"])
+            except plain.NotPlain as e:
+                raise CandidateError(f"output is not a plain value: {e}") from None
+        if kind == "u":
+            raise CandidateError(f"output is not a plain value: {str(reply['u'])[:300]}")
+        raise _as_exception(str(reply["x"]))
+
+
+def _as_exception(description: str) -> BaseException:
+    """The exception a test sees for a call that raised ``description`` (``'Type: text'``)."""
+    name, _, text = description.partition(": ")
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(text)
+        except BaseException:  # a builtin exception that needs other arguments
+            return CandidateError(description)
+    return CandidateError(description)
+
+
+def grader_main(secret: bytearray, job: dict, cfg: dict, iso: Isolation, devnull: int,
+                call_w: int, reply_r: int, verdict_w: int) -> None:
+    """Runs in the grader, a trusted process forked from the worker before the child: it
+    never runs candidate code. It runs the suite's setup and assert tests with ``candidate``
+    bound to a :class:`CandidateProxy`, and writes the verdicts on its own channel, which
+    no process of the check holds. It keeps the worker's uid, is not dumpable (no process
+    of the sandbox uid can trace it or read its memory), and runs under the rlimits and the
+    seccomp filter. Never returns."""
+    status = 70
+    try:
+        os.setsid()
+        _place_fds({0: devnull, 1: devnull, 2: devnull, VERDICT_FD: verdict_w,
+                    GRADER_CALL_FD: call_w, GRADER_REPLY_FD: reply_r})
+        _set_limits(cfg["limits"], nproc=False)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl(PR_SET_DUMPABLE, 0)
+        if iso.seccomp is not None:
+            install_filter(iso.seccomp)
+        tests = json.loads(bytes(secret))
+        zero(secret)
+        random.seed(0)  # the tests' own random draws are the same in every check
+        status = run_asserts(tests, int(job["first_assert"]), cfg["max_output_bytes"])
+    finally:
+        os._exit(status)
+
+
+def run_asserts(tests: dict, first: int, max_output_bytes: int) -> int:
+    """Run ``tests["setup"]`` once, then each source of ``tests["asserts"]``, with
+    ``candidate`` bound to the proxy; write ``{"i":k,"ok":true}`` or ``{"i":k,"x":...}`` for
+    each (``k`` counts on from ``first``, after the IO cases), then ``{"k":"end"}``."""
+    proxy = CandidateProxy(GRADER_CALL_FD, GRADER_REPLY_FD, max_output_bytes + 1024)
+
+    def emit(record: dict) -> None:
+        write_all(VERDICT_FD, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    scope = {"__name__": "__test__", "candidate": proxy}
+    try:
+        exec(compile(tests["setup"], "<test setup>", "exec"), scope)
+        setup_error = None
+    except BaseException as e:
+        setup_error = f"test setup failed: {_describe(e)}"
+    scope["candidate"] = proxy
+    for k, source in enumerate(tests["asserts"]):
+        if setup_error is not None:
+            emit({"i": first + k, "x": setup_error})
+            continue
+        try:
+            exec(compile(source, "<test>", "exec"), scope)
+        except BaseException as e:
+            emit({"i": first + k, "x": _describe(e)})
+        else:
+            emit({"i": first + k, "ok": True})
+    emit({"k": "end"})
+    os.close(GRADER_CALL_FD)  # the child's calls end: it exits
+    return 0
+
+
 # ----------------------------------------------------------------------------- the worker
 
 
@@ -944,8 +1303,9 @@ class Worker:
         self.cfg = cfg
         self.iso = isolation
         self.devnull = os.open(os.devnull, os.O_RDWR)
-        self.control: int | None = cfg.get("control_fd")  # "stop check k" messages
+        self.control: int | None = cfg.get("control_fd")  # "stop check number k" messages
         self.checks = 0  # jobs received so far; the parent numbers them the same way
+        self._last_alive = 0.0  # when the last keep-alive frame went out
         # One path for every check (recreated empty each time), so that the environment the
         # children inherit is set here once instead of in each child.
         if isolation.private_dirs:
@@ -955,127 +1315,174 @@ class Worker:
         os.environ.clear()
         os.environ.update(cfg["env"], HOME=self.workdir, TMPDIR=self.workdir)
 
-    def run_check(self, job: dict) -> tuple[dict, bytes]:
-        """Run one check in a fresh child; return the reply header and the raw result lines."""
+    def run_check(self, job: dict, secret: bytearray) -> tuple[dict, bytes]:
+        """Run one check; return the reply header and the payload: the child's output lines,
+        then the grader's verdict lines (``header["grader_bytes"]`` of them).
+
+        ``secret`` holds the assert tests (the frame's payload). A grader is forked with it,
+        then it is zeroed, and only then is the child forked: the child's copy of this
+        process holds no byte of the tests."""
         self.checks += 1
         workdir = self.workdir
-        if os.path.lexists(workdir):  # only if a previous wipe was interrupted
-            _remove(workdir)
+        problem = remove_tree(workdir)  # only if a previous wipe failed
+        if problem:
+            raise OSError(problem[0])
         os.mkdir(workdir, 0o700)
         if self.iso.uid is not None:
             os.chown(workdir, self.iso.uid, self.iso.uid)
         res_r, res_w = os.pipe()
         err_r, err_w = os.pipe()
+        grader: tuple[int, int] | None = None
+        calls: tuple[int, int] | None = None
         start = time.monotonic()
+        try:
+            if secret:
+                call_r, call_w = os.pipe()
+                reply_r, reply_w = os.pipe()
+                verdict_r, verdict_w = os.pipe()
+                gpid = os.fork()
+                if gpid == 0:
+                    grader_main(secret, job, self.cfg, self.iso, self.devnull, call_w, reply_r,
+                                verdict_w)
+                for fd in (call_w, reply_r, verdict_w):
+                    os.close(fd)
+                grader, calls = (gpid, verdict_r), (call_r, reply_w)
+        finally:
+            zero(secret)
         pid = os.fork()
         if pid == 0:
-            child_main(job, self.cfg, self.iso.uid, workdir, self.devnull, err_w, res_w,
-                       self.iso.ipc_per_check)
-        os.close(res_w)
-        os.close(err_w)
+            child_main(job, self.cfg, self.iso, workdir, self.devnull, err_w, res_w, calls)
+        for fd in (res_w, err_w, *(calls or ())):
+            os.close(fd)
         try:
             stream_from = start + STREAM_AFTER_S if job.get("stream") else None
             test_timeout = job.get("test_timeout")
-            header, result = self._supervise(pid, res_r, err_r, start + float(job["timeout"]),
-                                             stream_from,
+            header, result = self._supervise(pid, grader, res_r, err_r,
+                                             start + float(job["timeout"]), stream_from,
                                              float(test_timeout) if test_timeout else None)
             header["wall_s"] = time.monotonic() - start
         finally:
-            os.close(res_r)
-            os.close(err_r)
+            for fd in (res_r, err_r, *((grader[1],) if grader else ())):
+                os.close(fd)
             # Without a subreaper, orphans go to init and only a uid sweep can find them.
             swept = reap_zombies() or (not self.iso.subreaper and self.iso.uid is not None)
             if swept:
                 self.iso.sweep()
                 reap_all(REAP_GRACE_S)
-            self.iso.wipe(workdir)
+            wipe_error = self.iso.wipe(workdir, self._keep_alive)
             if not self.iso.ipc_per_check and self.iso.uid is not None:
                 self.iso.remove_ipc_objects()
         header["swept"] = swept
+        if wipe_error:  # something could carry over: this worker must not run another check
+            header["retire"] = f"the wipe after the check failed: {wipe_error}"
         return header, result
 
-    def _supervise(self, pid: int, res_r: int, err_r: int, deadline: float,
-                   stream_from: float | None, test_timeout: float | None = None
-                   ) -> tuple[dict, bytes]:
-        """Read the child's pipes until it exits, the deadline passes, no result line has come
-        for ``test_timeout`` seconds (one test ran too long), output overflows the cap or the
-        parent asks to stop this check; then kill its process group and reap it.
-        From time ``stream_from`` on (if given), complete result lines are forwarded to the
-        parent as they come (``{"partial": true}`` frames) so that it can grade them early;
-        most checks end before that and cost no extra frames."""
+    def _keep_alive(self) -> None:
+        """Tell the parent, at most once a second, that this worker is busy cleaning up (a
+        slow wipe must not look like a hung worker)."""
+        now = time.monotonic()
+        if now - self._last_alive >= 1.0:
+            write_frame(1, {"alive": True})
+            self._last_alive = now
+
+    def _supervise(self, pid: int, grader: tuple[int, int] | None, res_r: int, err_r: int,
+                   deadline: float, stream_from: float | None,
+                   test_timeout: float | None = None) -> tuple[dict, bytes]:
+        """Read the pipes of the child (and of the grader, ``(pid, verdict pipe)``) until both
+        have exited, the deadline passes, no result line has come for ``test_timeout``
+        seconds (one test ran too long), output overflows the cap or the parent asks to stop
+        this check; then kill both process groups and reap them.
+        From time ``stream_from`` on (if given), complete lines are forwarded to the parent
+        as they come (``{"partial": true}`` frames, with ``"grader": true`` for verdicts) so
+        that it can grade them early; most checks end before that and cost no extra frames."""
         cap = self.cfg["max_output_bytes"]
-        result = bytearray()
-        forwarded = 0  # bytes of ``result`` already streamed to the parent
+        result, verdicts = bytearray(), bytearray()
         stderr = _Tail(self.cfg["stderr_tail_bytes"])
         header: dict = {"exit": None, "signal": None, "timed_out": False, "capped": "",
                         "stopped": False, "test_timed_out": False}
         check_deadline = deadline
         if test_timeout is not None:  # the next result line is due by then
             deadline = min(check_deadline, time.monotonic() + test_timeout)
-        try:
-            pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):  # Linux < 5.3: poll waitid every few milliseconds
-            pidfd = None
+        pids = [pid] + ([grader[0]] if grader else [])
+        pidfds: dict[int, int] = {}  # pidfd -> pid
+        for p in pids:
+            try:
+                pidfds[os.pidfd_open(p)] = p
+            except (AttributeError, OSError):  # Linux < 5.3: poll waitid every few ms
+                pass
         poller = select.poll()
-        for fd in (res_r, err_r) + ((pidfd,) if pidfd is not None else ()):
+        readers = {res_r: result.extend, err_r: stderr.add}
+        lines = {res_r: (result, {"partial": True})}  # streams whose lines count as tests
+        if grader:
+            readers[grader[1]] = verdicts.extend
+            lines[grader[1]] = (verdicts, {"partial": True, "grader": True})
+        forwarded = dict.fromkeys(lines, 0)  # bytes of each stream already sent to the parent
+        for fd in (*readers, *pidfds):
             poller.register(fd, select.POLLIN)
         if self.control is not None:  # also reports POLLHUP when the parent goes away
             poller.register(self.control, select.POLLIN)
-        readers = {res_r: result.extend, err_r: stderr.add}
-        exited = False
+        running = set(pids)
         try:
-            while not (exited or header["stopped"]):
+            while running and not header["stopped"]:
                 now = time.monotonic()
                 if now >= deadline:
                     header["timed_out"] = True
                     header["test_timed_out"] = deadline < check_deadline
                     break
-                wake = deadline if pidfd is not None else min(deadline, now + 0.005)
-                if stream_from is not None and now < stream_from and result:
+                wake = deadline if len(pidfds) == len(pids) else min(deadline, now + 0.005)
+                if stream_from is not None and now < stream_from and (result or verdicts):
                     wake = min(wake, stream_from)  # lines are waiting to be streamed
-                wait_ms = (wake - now) * 1000
-                for fd, events in poller.poll(max(1, int(wait_ms))):
-                    if fd == pidfd:
-                        exited = True
+                for fd, events in poller.poll(max(1, int((wake - now) * 1000))):
+                    if fd in pidfds:
+                        running.discard(pidfds[fd])
+                        poller.unregister(fd)
                     elif fd == self.control:
                         header["stopped"] = self._stop_requested(events)
                     elif fd in readers:
                         chunk = os.read(fd, 1 << 16)
                         if chunk:
                             readers[fd](chunk)
-                            if test_timeout is not None and fd == res_r and b"\n" in chunk:
+                            if test_timeout is not None and fd in lines and b"\n" in chunk:
                                 deadline = min(check_deadline, time.monotonic() + test_timeout)
                         else:
                             poller.unregister(fd)
                             del readers[fd]
-                if len(result) > cap or stderr.total > cap:
-                    header["capped"] = "result" if len(result) > cap else "stderr"
+                if len(result) > cap or len(verdicts) > cap or stderr.total > cap:
+                    header["capped"] = "stderr" if stderr.total > cap else "result"
                     break
-                if (stream_from is not None and time.monotonic() >= stream_from
-                        and result.rfind(b"\n") >= forwarded):
-                    end = result.rfind(b"\n") + 1
-                    write_frame(1, {"partial": True}, bytes(result[forwarded:end]))
-                    forwarded = end
-                if pidfd is None:
-                    exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+                if stream_from is not None and time.monotonic() >= stream_from:
+                    for fd, (stream, tag) in lines.items():
+                        end = stream.rfind(b"\n") + 1
+                        if end > forwarded[fd]:
+                            write_frame(1, tag, bytes(stream[forwarded[fd]:end]))
+                            forwarded[fd] = end
+                for p in running - set(pidfds.values()):
+                    if os.waitid(os.P_PID, p, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                        running.discard(p)
         finally:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # not reaped yet, so the group id is not reused
-            except (ProcessLookupError, PermissionError):
-                pass
-            if pidfd is not None:
-                os.close(pidfd)
-        _, wait_status = os.waitpid(pid, 0)
-        for fd, add in readers.items():  # what the child wrote just before it ended
+            for p in pids:
+                try:
+                    os.killpg(p, signal.SIGKILL)  # not reaped yet: the group id is not reused
+                except (ProcessLookupError, PermissionError):
+                    pass
+            for fd in pidfds:
+                os.close(fd)
+        statuses = [os.waitpid(p, 0)[1] for p in pids]
+        for fd, add in readers.items():  # what was written just before the end
             add(_drain(fd, cap + 1))
-        if not header["capped"] and (len(result) > cap or stderr.total > cap):
-            header["capped"] = "result" if len(result) > cap else "stderr"
-        if os.WIFSIGNALED(wait_status):
-            header["signal"] = os.WTERMSIG(wait_status)
-        else:
-            header["exit"] = os.WEXITSTATUS(wait_status)
+        if not header["capped"] and (len(result) > cap or len(verdicts) > cap
+                                     or stderr.total > cap):
+            header["capped"] = "stderr" if stderr.total > cap else "result"
+        for prefix, wait_status in zip(("", "grader_"), statuses):
+            if os.WIFSIGNALED(wait_status):
+                header[prefix + "signal"] = os.WTERMSIG(wait_status)
+                header[prefix + "exit"] = None
+            else:
+                header[prefix + "exit"] = os.WEXITSTATUS(wait_status)
+                header[prefix + "signal"] = None
         header["stderr_tail"] = stderr.text()
-        return header, bytes(result[:cap])
+        header["grader_bytes"] = len(verdicts[:cap])
+        return header, bytes(result[:cap]) + bytes(verdicts[:cap])
 
     def _stop_requested(self, events: int) -> bool:
         """Read the control pipe: big-endian numbers of checks the parent wants stopped (it
@@ -1141,10 +1548,19 @@ def main() -> None:
         frame = read_frame(0)
         if frame is None:  # no more jobs
             break
+        job, secret = frame
         try:
-            header, result = worker.run_check(frame[0])
-            write_frame(1, header, result)
+            header, result = worker.run_check(job, secret)
         except (ParentGone, BrokenPipeError):
+            break
+        except Exception as e:  # confined to this check; the parent retires this worker
+            zero(secret)
+            header, result = {"worker_error": _describe(e), "retire": "the worker failed"}, b""
+        try:
+            write_frame(1, header, result)
+        except BrokenPipeError:
+            break
+        if header.get("retire"):
             break
     isolation.sweep()
     reap_all(REAP_GRACE_S)

@@ -10,10 +10,12 @@ a :class:`~labkit.env.records.TestSuite`:
   ``assert not candidate(...)`` become :class:`IOCase` s, graded in the parent: the expected value
   never enters the sandboxed child.
 * Asserts that do not mention the candidate (``assert True, "..."``) are dropped.
-* Everything else runs in the child as :class:`AssertTest` s: one per assert when ``check`` is a
-  flat list of asserts, or the remaining body as ONE test when it also holds other statements
-  (loops, assignments, imports) that those asserts may depend on. An assert whose call arguments
-  are all literals depends on nothing, so it is lifted into an :class:`IOCase` either way.
+* Everything else runs in the sandbox's grader as :class:`AssertTest` s (a trusted process that
+  calls the candidate through a proxy and compares plain outputs): one per assert when
+  ``check`` is a flat list of asserts, or the remaining body as ONE test when it also holds
+  other statements (loops, assignments, imports) that those asserts may depend on. An assert
+  whose call arguments are all literals depends on nothing, so it is lifted into an
+  :class:`IOCase` either way.
 
 "Literal" means what :func:`ast.literal_eval` accepts (negative numbers, tuples, nested
 containers), plus arithmetic on numeric literals such as ``2.0 / 3.0``.
@@ -76,7 +78,8 @@ class Conversion:
     """The result of converting one ``check`` function, with counts for reporting.
 
     ``parent_asserts`` became :class:`IOCase` s; ``child_asserts`` run inside
-    :class:`AssertTest` s (several of them may share one test when the body is kept whole);
+    :class:`AssertTest` s, in the sandbox's grader process (several of them may share one
+    test when the body is kept whole);
     ``dropped_asserts`` did not mention the candidate.
     """
 
@@ -97,7 +100,7 @@ def convert_test(test: str, entry_point: str, prompt: str = "",
     """Convert the source of a test module that defines ``check(<param>)``.
 
     ``prompt`` is the problem's code shown to the model; its trusted helpers (other functions,
-    imports) are copied into the suite's setup when the child-side tests use them, so a candidate
+    imports) are copied into the suite's setup when the assert tests use them, so a candidate
     cannot pass by redefining ``poly`` or ``encode_cyclic``. Module-level calls of ``check`` (the
     HumanEvalPack layout) are left out of the setup.
     """

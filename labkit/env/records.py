@@ -82,10 +82,10 @@ class IOCase:
 
 @dataclass(frozen=True)
 class AssertTest:
-    """Test source run inside the child with ``candidate`` bound to the entry point.
-
-    Weaker than an :class:`IOCase`: the verdict is produced by the untrusted process, so
-    results of such tests are reported as graded in the child.
+    """Test source run in the sandbox's grader, a trusted process, with ``candidate`` bound
+    to a proxy of the entry point: each call runs in the sandboxed child, and its output
+    comes back as plain data (exact builtin types) before the test compares anything.
+    Outcomes are reported as graded in the ``grader``.
     """
 
     source: str
@@ -94,8 +94,8 @@ class AssertTest:
 
 @dataclass(frozen=True)
 class TestSuite:
-    """The tests of one task: parent-graded cases, child-graded asserts, and trusted setup
-    code (imports, helpers of the test module) run in the child before the asserts."""
+    """The tests of one task: parent-graded cases, grader-run asserts, and trusted setup
+    code (imports, helpers of the test module) run in the grader before the asserts."""
 
     __test__ = False  # not a pytest class
 
@@ -228,7 +228,7 @@ class Candidate:
 
 @dataclass(frozen=True)
 class TestOutcome:
-    """One test's verdict. ``graded_in`` is ``parent`` (IOCase) or ``child`` (AssertTest)."""
+    """One test's verdict. ``graded_in`` is ``parent`` (IOCase) or ``grader`` (AssertTest)."""
 
     __test__ = False
 

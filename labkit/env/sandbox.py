@@ -7,20 +7,27 @@ Design (the threat model, and which test checks each answer, are in ``docs/sandb
   (:mod:`labkit.env.plain`, exact builtin types only). The expected value never leaves this
   process; it is compared here with :func:`~labkit.env.plain.strict_equal` (or the case's
   ``approx`` / ``truthy`` / ``falsy`` mode). Always-equal objects, ``int``/``str`` subclasses,
-  patched builtins and forged result lines therefore earn nothing. An
-  :class:`~labkit.env.records.AssertTest` runs inside the child and is reported with
-  ``graded_in="child"``: weaker, because the untrusted process produces its verdict.
+  patched builtins and forged result lines therefore earn nothing. Outputs are decoded with
+  :func:`~labkit.env.plain.decode_untrusted`: it never raises and costs time linear in the
+  reply (a malformed reply voids that one check), and a grading failure is confined to its
+  check.
+* **No verdict in the candidate's process.** An :class:`~labkit.env.records.AssertTest` runs
+  in the worker's *grader*, a trusted process forked before the child that never runs
+  candidate code: ``candidate`` is a proxy whose calls go to the child and come back as
+  plain data. Its verdicts travel on a pipe no process of the check holds
+  (``graded_in="grader"``), and the child never holds the tests' source.
 * **Warm fork-server pool.** ``workers`` processes (``_worker.py``, standard library only)
   are started once; each check is a ``fork`` of a warm worker, so there is no interpreter
   start, no re-import and no namespace creation per check (except a fresh IPC namespace).
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
-  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, stdin and stdout
-  on ``/dev/null``, stderr and results on capped pipes, a private working directory, a fresh
-  IPC namespace, a wall deadline enforced by the worker, then the process group killed and
-  everything the uid left swept. Where the process is root on Linux each worker also lives
-  in an empty network namespace and a private mount namespace whose root is an
-  **allow-list**: the standard library, the interpreter and its shared libraries, a few
-  device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
+  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, a seccomp
+  system-call filter (:mod:`labkit.env.syscall_filter`), the uid's keyrings emptied, stdin
+  and stdout on ``/dev/null``, stderr and results on capped pipes, a private working
+  directory, a fresh IPC namespace, a wall deadline enforced by the worker, then the process
+  group killed and everything the uid left swept. Where the process is root on Linux each
+  worker also lives in an empty network namespace and a private mount namespace whose root
+  is an **allow-list**: the standard library, the interpreter and its shared libraries, a
+  few device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
   ``/dev/shm``. No other file of the host (this checkout, virtualenvs, ``/opt``, ``/home``,
   ...) exists there. Elsewhere it degrades and :attr:`Sandbox.protections` says what is off.
 * **Bounded parsing.** Code over :attr:`SandboxConfig.max_code_bytes` is graded as an error
@@ -51,10 +58,12 @@ import sysconfig
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Self
@@ -70,6 +79,7 @@ from labkit.env.records import (
     TestOutcome,
     TestSuite,
 )
+from labkit.env.syscall_filter import compile_filter
 
 WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 COMPARE_MODES = ("eq", "approx", "truthy", "falsy")
@@ -140,6 +150,10 @@ class SandboxConfig:
     """Cap on the result channel and on stderr, each; a check exceeding it is KILLED."""
     stderr_tail_bytes: int = 2048
     """How much of the end of stderr a result keeps."""
+    use_seccomp: bool = True
+    """Install the seccomp system-call filter (:mod:`labkit.env.syscall_filter`) in every
+    check's processes. Needs libseccomp and ``pyseccomp``; where they are missing the
+    ``seccomp`` protection is off, :attr:`Sandbox.notes` says why and a warning is issued."""
     use_namespaces: bool = True
     """Empty network namespace, a fresh IPC namespace per check, a private mount namespace
     whose root holds only the allow-list (read-only), private ``/tmp``. Needs root on Linux;
@@ -288,9 +302,17 @@ class _Worker:
         self.proc.stdout.close()
 
 
-def _frame(header: dict) -> bytes:
+def _frame(header: dict, payload: bytes = b"") -> bytes:
     data = json.dumps(header, separators=(",", ":")).encode()
-    return _FRAME.pack(len(data), 0) + data
+    return _FRAME.pack(len(data), len(payload)) + data + payload
+
+
+@cache
+def _seccomp_program() -> tuple[str | None, str]:
+    """The filter as hex for the workers' setup frame (compiled once per process), or
+    ``None`` and why not."""
+    program, why = compile_filter()
+    return (program.hex() if program else None), why
 
 
 def _shutdown(workers: list[_Worker | None], owner_pid: int) -> None:
@@ -353,6 +375,11 @@ class Sandbox:
                         for k in workers[0].info["protections"]}
             self._protections = MappingProxyType({"parent_grading": True, **combined})
             self._started = True
+            if self.config.use_seccomp and not combined.get("seccomp"):
+                notes = {n for w in workers for n in w.info.get("notes", ()) if "seccomp" in n}
+                warnings.warn(f"labkit sandbox: checks run WITHOUT the seccomp system-call "
+                              f"filter: {'; '.join(sorted(notes))}", RuntimeWarning,
+                              stacklevel=3)
         return self
 
     def close(self) -> None:
@@ -376,7 +403,8 @@ class Sandbox:
         ``process_sweep``, ``non_root_uid``, ``no_new_privs``, ``net_namespace``,
         ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``allowlist_root``
         (the file system holds only the allow-list), ``readonly_root``, ``hidden_paths``,
-        ``private_tmp``."""
+        ``private_tmp``, ``seccomp`` (the system-call filter; :attr:`notes` says why when it
+        is off)."""
         self.start()
         return dict(self._protections)
 
@@ -386,9 +414,19 @@ class Sandbox:
         self.start()
         return [w.info["uid"] for w in self._workers if w is not None and w.info.get("uid")]
 
+    @property
+    def notes(self) -> list[str]:
+        """Why a protection is off, or what a worker left out, as each worker reported it at
+        start (starts the pool)."""
+        self.start()
+        return list(dict.fromkeys(note for w in self._workers if w is not None
+                                  for note in w.info.get("notes", ())))
+
     def _setup_frame(self) -> dict:
         c = self.config
+        program, why = _seccomp_program() if c.use_seccomp else (None, "use_seccomp=False")
         return {
+            "seccomp_bpf": program, "seccomp_note": why,
             "uid_base": c.uid_base, "use_namespaces": c.use_namespaces,
             "drop_privileges": c.drop_privileges, "tmpfs_mb": c.tmpfs_mb,
             "limits": {"cpu_s": c.cpu_s, "memory_mb": c.memory_mb, "nproc": c.nproc,
@@ -501,11 +539,13 @@ class _Batch:
                 self.fill(slot)
             while any(state.queue for state in self.slots.values()):
                 busy = [state.deadline for state in self.slots.values() if state.queue]
-                for key, _ in self.selector.select(max(0.0, min(busy) - time.monotonic())):
-                    self.receive(key.data)
-                now = time.monotonic()
+                ready = self.selector.select(max(0.0, min(busy) - time.monotonic()))
+                polled = time.monotonic()  # before grading: its time is never held against
+                answered = {key.data for key, _ in ready}  # a worker whose reply is waiting
+                for slot in answered:
+                    self.receive(slot)
                 for slot, state in list(self.slots.items()):
-                    if state.queue and now > state.deadline:
+                    if state.queue and slot not in answered and polled > state.deadline:
                         self.lose(slot, Status.TIMEOUT, "the sandbox worker stopped answering")
                         self.fill(slot)
                 if self.pending:  # workers another caller has given back meanwhile
@@ -566,30 +606,52 @@ class _Batch:
                 self.fill(slot)
                 return
             i, number = state.queue[0]
+            if header.get("alive"):  # busy cleaning up after the check: not hung
+                state.deadline = max(state.deadline, time.monotonic() + _REPLY_GRACE_S)
+                continue
             if header.get("partial"):
-                self.stream(state, worker, i, number, payload)
+                self.stream(state, worker, i, number, payload, bool(header.get("grader")))
                 continue
             state.queue.popleft()
-            self.finish(i, grade(self.candidates[i], header, payload,
-                                 self.sandbox._protections, self.config.fail_fast,
-                                 self.config.max_code_bytes))
+            self.finish(i, self.grade(i, header, payload))
+            if header.get("retire"):  # it cannot run another check safely: replace it
+                self.lose(slot, Status.CRASHED, str(header["retire"]))
+                self.fill(slot)
+                return
             if state.queue:
                 self.start_clock(state, state.queue[0][0])
         if not state.queue:
             self.unwatch(worker)
         self.fill(slot)
 
+    def grade(self, i: int, header: Mapping, payload: bytes) -> SandboxResult:
+        """:func:`grade` for candidate ``i``, confined: a failure of the grading (or of the
+        worker on this check) makes this one result CRASHED, never the batch."""
+        candidate, protections = self.candidates[i], self.sandbox._protections
+        if header.get("worker_error"):
+            return _failure(candidate, protections, Status.CRASHED,
+                            f"the sandbox worker failed during this check: "
+                            f"{header['worker_error']}", max_code_bytes=self.config.max_code_bytes)
+        try:
+            return grade(candidate, header, payload, protections, self.config.fail_fast,
+                         self.config.max_code_bytes)
+        except Exception as e:  # noqa: BLE001 (confined to this check, and said so)
+            return _failure(candidate, protections, Status.CRASHED,
+                            f"grading failed: {type(e).__name__}: {str(e)[:200]}", flags=(),
+                            max_code_bytes=self.config.max_code_bytes)
+
     def unwatch(self, worker: _Worker | None) -> None:
         if worker is not None and worker.out_fd in self.selector.get_map():
             self.selector.unregister(worker.out_fd)
 
     def stream(self, state: _SlotState, worker: _Worker, i: int, number: int,
-               lines: bytes) -> None:
-        """Fail-fast: grade streamed lines of the running check; stop it at a failure."""
+               lines: bytes, grader: bool = False) -> None:
+        """Fail-fast: grade streamed lines of the running check (the child's outputs, or the
+        grader's verdicts); stop it at a failure."""
         if state.stop_sent:
             return
         suite = self.candidates[i].tests
-        if any(_line_fails(suite, line) for line in lines.splitlines()):
+        if any(_line_fails(suite, line, grader) for line in lines.splitlines()):
             worker.stop(number)
             state.stop_sent = True
 
@@ -653,20 +715,24 @@ def _timeout(candidate: Candidate, config: SandboxConfig) -> float:
 
 
 def _job_frame(candidate: Candidate, config: SandboxConfig) -> bytes:
-    """The frame a worker receives: the code, the entry point, the IO cases' arguments and
-    the assert tests. Expected values are deliberately absent."""
+    """The frame a worker receives: the code, the entry point and the IO cases' arguments in
+    its header, the assert tests (with their setup) as its payload. Expected values of IO
+    cases are deliberately absent."""
     suite = candidate.tests
     for case in suite.cases:
         if case.compare not in COMPARE_MODES:
             raise ValueError(f"candidate {candidate.id!r}: unknown compare mode "
                              f"{case.compare!r} (expected one of {COMPARE_MODES})")
+    tests = b""
+    if suite.asserts:  # for the grader process only: the worker zeroes it before the child
+        tests = json.dumps({"setup": suite.setup,
+                            "asserts": [test.source for test in suite.asserts]}).encode()
     return _frame({
         "timeout": _timeout(candidate, config), "test_timeout": config.test_timeout_s,
         "entry": candidate.entry_point, "code": candidate.code, "stream": config.fail_fast,
         "args": [plain.encode(tuple(case.args)) for case in suite.cases],
-        "asserts": [test.source for test in suite.asserts],
-        "setup": suite.setup if suite.asserts else "",
-    })
+        "first_assert": len(suite.cases),
+    }, tests)
 
 
 # ----------------------------------------------------------------------------- grading
@@ -683,7 +749,9 @@ _repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxdict = 8
 
 @dataclass
 class _Transcript:
-    """The child's result lines, checked against the protocol (see ``_worker.run_tests``)."""
+    """One process's result lines, checked against the protocol: the child's (load, one line
+    per IO case, end; see ``_worker.run_tests``) or the grader's (one line per assert test,
+    end; see ``_worker.run_asserts``)."""
 
     loaded: bool = False
     load_error: str = ""
@@ -692,25 +760,44 @@ class _Transcript:
     corrupt: str = ""
 
 
-def _parse(payload: bytes, suite: TestSuite) -> _Transcript:
-    """Lines must be: load, then one per test in order, then end; nothing else. Anything a
-    candidate forges on the channel breaks that order and voids the whole check. An
-    incomplete last line (the child was killed mid-write) is ignored."""
-    t = _Transcript()
-    n_cases, total = len(suite.cases), suite.total
+_MAX_RAW_INT_DIGITS = 20  # an honest encoder writes raw JSON ints below 2**53 only
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > _MAX_RAW_INT_DIGITS:
+        raise ValueError("raw JSON integer too long")
+    return int(text)
+
+
+def _json_object(raw: bytes) -> dict | None:
+    """One line as a JSON object, or ``None``. Linear in its length: raw integers are capped
+    (converting decimal text to an int is quadratic), and nothing here raises."""
+    try:
+        rec = json.loads(raw, parse_int=_parse_int)
+    except Exception:  # noqa: BLE001 (ValueError, RecursionError, MemoryError, ...)
+        return None
+    return rec if type(rec) is dict else None
+
+
+def _parse(payload: bytes, first: int, stop: int, child: bool) -> _Transcript:
+    """The child's lines must be: load, then one per IO case in order (tests ``first`` to
+    ``stop - 1``), then end; the grader's: one per assert test in order, then end. Nothing
+    else: a line out of place, or an output that does not decode
+    (:func:`~labkit.env.plain.decode_untrusted`), voids the whole check. An incomplete last
+    line (the process was killed mid-write) is ignored. Outputs are decoded here, once."""
+    t = _Transcript(loaded=not child)
     lines = payload.split(b"\n")[:-1]
     for number, raw in enumerate(lines):
-        try:
-            rec = json.loads(raw)
-        except (ValueError, RecursionError):
-            t.corrupt = f"line {number} is not JSON"
+        rec = _json_object(raw)
+        if rec is None:
+            t.corrupt = f"line {number} is not a JSON object"
             break
-        i = len(t.records)
-        if number == 0:
+        i = first + len(t.records)
+        if child and number == 0:
             if rec == {"k": "load", "ok": True}:
                 t.loaded = True
                 continue
-            if (type(rec) is dict and rec.keys() == {"k", "ok", "x"} and rec["k"] == "load"
+            if (rec.keys() == {"k", "ok", "x"} and rec["k"] == "load"
                     and rec["ok"] is False and type(rec["x"]) is str):
                 t.load_error = rec["x"]
                 if number + 1 < len(lines):
@@ -719,10 +806,15 @@ def _parse(payload: bytes, suite: TestSuite) -> _Transcript:
         elif t.ended:
             t.corrupt = "lines after the end"
             break
-        elif rec == {"k": "end"} and i == total:
+        elif rec == {"k": "end"} and i == stop:
             t.ended = True
             continue
-        elif type(rec) is dict and rec.get("i") == i and i < total and _well_formed(rec, i < n_cases):
+        elif type(rec.get("i")) is int and rec["i"] == i < stop and _well_formed(rec, child):
+            if "v" in rec:
+                rec["v"] = plain.decode_untrusted(rec["v"])
+                if rec["v"] is plain.MALFORMED:
+                    t.corrupt = f"line {number}: the output of test {i} does not decode"
+                    break
             t.records.append(rec)
             continue
         t.corrupt = f"unexpected line {number}"  # every accepted shape continued above
@@ -764,18 +856,17 @@ def _expectation(case: IOCase) -> str:
 
 
 def _grade_case(case: IOCase, name: str, rec: dict) -> TestOutcome:
+    """An IO case's outcome from its record, whose output ``rec["v"]`` is already decoded."""
     if "x" in rec:
         return TestOutcome(name, False, "parent", f"raised {rec['x']}")
     if "u" in rec:
         return TestOutcome(name, False, "parent", f"output is not a plain value: {rec['u']}")
-    try:
-        got = plain.decode(rec["v"])
-    except (plain.NotPlain, TypeError, ValueError, KeyError, IndexError, RecursionError):
-        return TestOutcome(name, False, "parent", "output could not be decoded")  # forged
+    got = rec["v"]
     if _matches(case, got):
         return TestOutcome(name, True, "parent")
+    kind = plain.exact_type(got).__name__
     return TestOutcome(name, False, "parent", f"expected {_expectation(case)}, "
-                                              f"got {_repr.repr(got)} ({type(got).__name__})")
+                                              f"got {_repr.repr(got)} ({kind})")
 
 
 def _test_names(suite: TestSuite) -> list[str]:
@@ -786,30 +877,39 @@ def _test_names(suite: TestSuite) -> list[str]:
 def grade(candidate: Candidate, header: Mapping, payload: bytes,
           protections: Mapping[str, bool], fail_fast: bool = False,
           max_code_bytes: int = MAX_SCAN_BYTES) -> SandboxResult:
-    """Turn a worker's report (exit status, deadline, caps, raw result lines) into a
-    :class:`SandboxResult`. Pure: the parent-side half of the sandbox.
+    """Turn a worker's report (exit statuses, deadline, caps, the child's output lines and
+    the grader's verdict lines) into a :class:`SandboxResult`. Pure: the parent-side half
+    of the sandbox.
 
-    A corrupted result channel voids the whole check. With ``fail_fast`` nothing after the
-    first failing test counts (whether or not it ran), so the verdict and the counts do not
+    A corrupted channel voids the whole check. With ``fail_fast`` nothing after the first
+    failing test counts (whether or not it ran), so the verdict and the counts do not
     depend on how quickly the check was stopped. The hack scan parses at most
     ``max_code_bytes`` of code (more is flagged ``too_large``).
     """
     suite = candidate.tests
     names = _test_names(suite)
     tests: list[IOCase | AssertTest] = [*suite.cases, *suite.asserts]
-    t = _parse(payload, suite)
-    reported = [_grade_record(test, name, rec) for test, name, rec in zip(tests, names, t.records)]
+    n_cases = len(suite.cases)
+    grader_bytes = header.get("grader_bytes") or 0
+    split = len(payload) - grader_bytes if type(grader_bytes) is int else -1
+    t = _parse(payload[:split], 0, n_cases, child=True) if 0 <= split <= len(payload) else \
+        _Transcript(corrupt="the reply's parts do not add up")
+    g = _parse(payload[split:], n_cases, suite.total, child=False) if suite.asserts and \
+        not t.corrupt else _Transcript(loaded=True, ended=True)
+    records = t.records + (g.records if len(t.records) == n_cases else [])
+    reported = [_grade_record(test, name, rec) for test, name, rec in zip(tests, names, records)]
     first_failure = next((k for k, o in enumerate(reported) if not o.ok), None)
     stopped = fail_fast and first_failure is not None
     if stopped:
         reported = reported[: first_failure + 1]
-    if t.corrupt and not stopped:
+    corrupt = t.corrupt or (g.corrupt and f"grader: {g.corrupt}")
+    if corrupt and not stopped:
         reported, rest = [], "result channel corrupted"
     else:
         rest = "not run (stopped at the first failure)" if stopped else "not run"
     outcomes = reported + [TestOutcome(name, False, _graded_in(test), rest)
                            for test, name in zip(tests[len(reported):], names[len(reported):])]
-    status, error = _classify(header, t, outcomes, len(reported), stopped)
+    status, error = _classify(header, t, g, corrupt, outcomes, len(reported), stopped)
     return SandboxResult(status=status, passed=sum(o.ok for o in outcomes), total=suite.total,
                          outcomes=tuple(outcomes), stderr_tail=str(header.get("stderr_tail", "")),
                          wall_s=float(header.get("wall_s", 0.0)),
@@ -820,23 +920,23 @@ def grade(candidate: Candidate, header: Mapping, payload: bytes,
 def _grade_record(test: IOCase | AssertTest, name: str, rec: dict) -> TestOutcome:
     if isinstance(test, IOCase):
         return _grade_case(test, name, rec)
-    return TestOutcome(name, "ok" in rec, "child", "" if "ok" in rec else f"raised {rec['x']}")
+    return TestOutcome(name, "ok" in rec, "grader", "" if "ok" in rec else f"raised {rec['x']}")
 
 
 def _graded_in(test: IOCase | AssertTest) -> str:
-    return "parent" if isinstance(test, IOCase) else "child"
+    return "parent" if isinstance(test, IOCase) else "grader"
 
 
-def _classify(header: Mapping, t: _Transcript, outcomes: list[TestOutcome], reported: int,
-              stopped: bool) -> tuple[Status, str]:
+def _classify(header: Mapping, t: _Transcript, g: _Transcript, corrupt: str,
+              outcomes: list[TestOutcome], reported: int, stopped: bool) -> tuple[Status, str]:
     """The status and a one-line reason, most decisive first."""
     total = len(outcomes)
     sig = header.get("signal")
     if stopped:  # fail-fast: decided before anything that came after
         first = next(o for o in outcomes if not o.ok)
         return Status.FAILED, f"stopped at the first failure: {first.name}: {first.detail}"
-    if t.corrupt:
-        return Status.CRASHED, f"result channel corrupted ({t.corrupt}): the check is void"
+    if corrupt:
+        return Status.CRASHED, f"result channel corrupted ({corrupt}): the check is void"
     if header.get("test_timed_out"):
         return Status.TIMEOUT, (f"test {reported} ran past the per-test limit after {reported} "
                                 f"of {total} tests were reported")
@@ -856,6 +956,13 @@ def _classify(header: Mapping, t: _Transcript, outcomes: list[TestOutcome], repo
     if not t.loaded or not t.ended or header.get("exit") != 0:
         return Status.CRASHED, (f"exited (code {header.get('exit')}) after reporting {reported} "
                                 f"of {total} tests")
+    grader_sig = header.get("grader_signal")
+    if not g.ended or grader_sig or header.get("grader_exit", 0) != 0:
+        how = (f"signal {_signal_name(grader_sig)}" if grader_sig
+               else f"code {header.get('grader_exit')}")
+        status = Status.KILLED if grader_sig in _SIGNAL_LIMITS else Status.CRASHED
+        return status, (f"the grader of the assert tests ended ({how}) after {reported} of "
+                        f"{total} tests were reported")
     failed = [o for o in outcomes if not o.ok]
     if not failed:
         return Status.PASSED, ""
@@ -865,22 +972,27 @@ def _classify(header: Mapping, t: _Transcript, outcomes: list[TestOutcome], repo
     return Status.FAILED, f"{len(failed)} of {total} tests failed; first: {first.name}: {first.detail}"
 
 
-def _line_fails(suite: TestSuite, line: bytes) -> bool:
-    """Fail-fast: whether one streamed result line already decides the check, being a
-    failing test or not a well-formed test line (the final grading voids the latter)."""
-    try:
-        rec = json.loads(line)
-    except (ValueError, RecursionError):
-        return True
-    if type(rec) is not dict:
+def _line_fails(suite: TestSuite, line: bytes, grader: bool = False) -> bool:
+    """Fail-fast: whether one streamed line already decides the check, being a failing test
+    or not a well-formed test line (the final grading voids the latter). Never raises."""
+    rec = _json_object(line)
+    if rec is None:
         return True
     if rec.get("k") in ("load", "end"):
         return False
     i = rec.get("i")
-    if type(i) is not int or not 0 <= i < suite.total:
+    n_cases = len(suite.cases)
+    low, high = (n_cases, suite.total) if grader else (0, n_cases)
+    if type(i) is not int or not low <= i < high:
         return True
-    if i >= len(suite.cases):
+    if grader:
         return rec.get("ok") is not True
+    if not _well_formed(rec, True):
+        return True
+    if "v" in rec:
+        rec["v"] = plain.decode_untrusted(rec["v"])
+        if rec["v"] is plain.MALFORMED:
+            return True
     return not _grade_case(suite.cases[i], "", rec).ok
 
 
