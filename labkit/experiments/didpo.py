@@ -29,8 +29,7 @@ from labkit.credit.reshaping import ReshapeConfig
 from labkit.experiments import pages, stats
 from labkit.experiments.config import ExperimentConfig, base_train_config, command
 from labkit.experiments.paired import add_paired
-from labkit.experiments.runs import run_methods
-from labkit.loops.events import RunFolder
+from labkit.experiments.runs import run_methods, training_record
 from labkit.loops.trainer import Trainer
 
 TITLE = "Diff-level credit on multi-hunk repairs: GRPO, DiDPO, DiDPO-fork and an oracle"
@@ -124,18 +123,6 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
     return {m: statistics.median(v) for m, v in times.items()}
 
 
-def scale_record(results: dict) -> None:
-    """Per method, the mean over its runs' steps of ``adv/abs_token_mean`` (the mean ``|A|``
-    per token) and ``grad/norm`` (the update's gradient norm before clipping)."""
-    for r in results["methods"].values():
-        rows = [row for s in r["seeds"] for row in RunFolder(s["run_dir"]).read("metrics.jsonl")]
-        for key, name in (("adv/abs_token_mean", "abs_adv_per_token"), ("grad/norm", "grad_norm")):
-            vals = [row[key] for row in rows if key in row]
-            r[name] = statistics.fmean(vals) if vals else None
-        zero = [row["adv/zero_std_frac"] for row in rows if "adv/zero_std_frac" in row]
-        r["zero_std_frac"] = statistics.fmean(zero) if zero else None
-
-
 def controls(results: dict, key: str = "paired") -> dict | None:
     """The ``controls`` record: the positive and negative controls' paired differences from
     GRPO, the design's minimum detectable effect for the claim (``didpo - grpo``), and whether
@@ -167,7 +154,7 @@ def run(exp: Config) -> Path:
     results["command"] = command("didpo", exp)
     results["step_costs_s"] = costs
     results["wall_steps"] = wall_steps
-    scale_record(results)
+    training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
         results["controls"] = controls(results)

@@ -255,14 +255,18 @@ def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:
 
 def trained_template_tasks(exp: ExperimentConfig) -> list:
     """``exp.paired_tasks`` new instances of the templates trained on (``exp.train_split``):
-    problems of another stream of the generator whose ids no training problem has."""
+    problems of another stream of the generator whose ids no training problem has (of the
+    experiment's ``templates`` only, when it trains on some)."""
     kinds = {"n_bugs": exp.n_bugs, "multi_hunk": exp.multi_hunk}
+    templates = set(getattr(exp, "templates", ()) or ())
     trained = {t.problem_id for t in load_tasks("synthetic", split=exp.train_split,
                                                 n=exp.train_problems, seed=exp.task_seed, **kinds)}
     want = exp.paired_tasks * (4 if exp.multi_hunk else 1) + len(trained) // 4
-    for _ in range(3):  # multi-hunk instances skip many problems: widen the stream if short
+    for _ in range(6 if templates else 3):  # widen the stream while short
         fresh = load_tasks("synthetic", split=exp.train_split, n=want,
                            seed=exp.task_seed + 1000, bugs_per_problem=1, **kinds)
+        if templates:
+            fresh = [t for t in fresh if t.meta.get("template") in templates]
         out = [t for t in fresh if t.problem_id not in trained][: exp.paired_tasks]
         if len(out) >= exp.paired_tasks:
             break

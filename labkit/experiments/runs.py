@@ -236,3 +236,16 @@ def summarise_method(per_seed: list[dict]) -> dict:
         "wall_s": statistics.fmean(s["wall_s"] for s in per_seed),
         "s_per_step": statistics.fmean(s["s_per_step"] for s in per_seed),
     }
+
+
+def training_record(results: dict) -> None:
+    """Per method, means over its runs' logged steps: ``abs_adv_per_token`` (mean ``|A|`` per
+    token, ``adv/abs_token_mean``), ``grad_norm`` (before clipping) and ``zero_std_frac`` (the
+    share of groups whose rewards were all equal: no advantage at all)."""
+    for r in results["methods"].values():
+        rows = [row for s in r["seeds"] for row in RunFolder(s["run_dir"]).read("metrics.jsonl")]
+        for key, name in (("adv/abs_token_mean", "abs_adv_per_token"), ("grad/norm", "grad_norm"),
+                          ("adv/zero_std_frac", "zero_std_frac")):
+            vals = [row[key] for row in rows if key in row]
+            r[name] = statistics.fmean(vals) if vals else None
+

@@ -77,6 +77,10 @@ class TaskConfig:
     multi_hunk: bool = False
     """With ``n_bugs >= 2``: only tasks whose bugs are separate, separately tested hunks
     (``labkit.env.tasks.multi_hunk_catches``), the setting diff-level credit is made for."""
+    templates: tuple[str, ...] = ()
+    """Train only on tasks of these synthetic templates (``task.meta["template"]``, e.g.
+    ``digits/e354b12609``); empty: every template of ``train_split``. A training mix of the
+    templates the starting policy rarely solves makes a sparse-reward testbed."""
     train_split: str = "train"
     """Split the policy is trained on: ``train`` (the templates the shipped tiny model's SFT
     data came from) or ``val`` (templates neither its SFT data nor ``test`` holds: RL on new
@@ -298,8 +302,11 @@ class Trainer:
         kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
         if which == "train":
             n = t.train_problems or None
-            return load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
-                              bugs_per_problem=t.bugs_per_problem, **kinds)
+            tasks = load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
+                               bugs_per_problem=t.bugs_per_problem, **kinds)
+            if t.templates:
+                tasks = [x for x in tasks if x.meta.get("template") in set(t.templates)]
+            return tasks
         if not t.eval_tasks:
             return []
         # multi-hunk problems yield a task less than half the time: ask for enough problems
