@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 import statistics
 import time
@@ -43,8 +42,7 @@ from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit.experiments.config import RESULTS
-from labkit.experiments.pages import save_figure
-from labkit.experiments import stats
+from labkit.experiments import pages, stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
 from labkit.loops.verifier import VerifierConfig, build_verifier, ranking_metrics, train_verifier
@@ -52,8 +50,12 @@ from labkit.policy.loading import PolicyConfig, load_policy, weights_fingerprint
 from labkit.policy.sft import SFTConfig
 from labkit.seeding import derive_seed
 
-SELECTOR_ORDER = ("random", "public_tests", "verifier", "public_then_verifier")
-GENERATORS = ("start", "expert_iteration")
+SELECTOR_ORDER = ("random", "public_tests", "verifier", "public_then_verifier", "oracle")
+GENERATORS = {"expert_iteration": "verifier", "ei_filtered": "verifier_public",
+              "ei_oracle": "oracle", "sft_self": "self"}
+"""Trained generators -> their relabelling (``MucodeConfig.relabel``): muCODE's expert
+iteration, its filtered form, and two controls: correct experts only (the ceiling of
+relabelling) and a fine-tune on the start model's own correct samples (forgetting alone)."""
 
 PAPER = {
     "source": "muCODE, arXiv 2502.20380, Llama-3.2-1B-Instruct (1B) rows of Table 1 and Table 2",
@@ -69,7 +71,7 @@ PAPER = {
 CONDITION_ORDER = (
     "single-turn, N=1", "multi-turn, N=1 (random pick)",
     *(f"single-turn, BoN, {s}" for s in SELECTOR_ORDER), "single-turn, BoN, verifier (BCE)",
-    *(f"multi-turn, BoN, {s}" for s in SELECTOR_ORDER), "single-turn, pass@N (oracle pick)")
+    *(f"multi-turn, BoN, {s}" for s in SELECTOR_ORDER))
 
 # Within-generator contrasts the paper's tables read (a minus b, paired per task and seed).
 CONTRASTS = {
@@ -84,6 +86,8 @@ CONTRASTS = {
                                                  "single-turn, BoN, random"),
     "verifier: BT - BCE pick (single-turn)": ("single-turn, BoN, verifier",
                                               "single-turn, BoN, verifier (BCE)"),
+    "BoN: oracle - random (single-turn)": ("single-turn, BoN, oracle", "single-turn, BoN, random"),
+    "BoN: verifier - random (single-turn)": ("single-turn, BoN, verifier", "single-turn, BoN, random"),
 }
 
 
@@ -91,7 +95,7 @@ CONTRASTS = {
 class Config:
     """Budget of the muCODE experiment (sized for 2 CPU cores: about 10 minutes a seed)."""
 
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = (0, 1, 2)
     """Training seeds: one expert-iteration run each; every interval is over them."""
     train_split: str = "val"
     """Templates expert iteration trains on (``val``: neither the tiny model's SFT data nor the
@@ -156,6 +160,8 @@ class Config:
     policy: str = "tiny"
     """Starting generator (``tiny`` or a local Hugging Face folder), loaded without a KL
     reference; also the backbone of both verifiers."""
+    generators: tuple[str, ...] = tuple(GENERATORS)
+    """Trained generators (:data:`GENERATORS`): ``expert_iteration`` and its controls."""
     out: str = str(RESULTS)
     """Folder of ``mucode.{md,json,html,png}`` (default: the repository's ``docs/results``)."""
     run_root: str = "runs/experiments/mucode"
@@ -214,7 +220,6 @@ def _per_task(policy, tasks, ecfg: EpisodeConfig, replicates: int, selectors, bt
             if e.selector == selectors[0] and first:
                 ok = first.hidden_ok
                 add("single-turn, N=1", i, sum(ok) / len(ok))
-                add("single-turn, pass@N (oracle pick)", i, float(any(ok)))
         first_eps = [e for e in rep["episodes"]
                      if e.rollout == r and e.selector == selectors[0] and e.fits and e.turns]
         codes = [(e.task_id, c, ok) for e in first_eps
@@ -246,7 +251,9 @@ def _nanmean(xs: list[float]) -> float:
 
 def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
               weights: str | None = None) -> dict:
-    """One training seed: expert iteration, the BCE verifier, both generators evaluated."""
+    """One training seed: every generator of ``cfg.generators`` trained by expert iteration
+    with its relabelling, the BCE verifier, and every generator (and the start) evaluated
+    with the expert-iteration run's Bradley-Terry verifier."""
     folder = Path(cfg.run_root) / f"seed{seed}"
     cache = folder / "result.json"
     want = _fingerprint(cfg, seed, weights)
@@ -255,8 +262,6 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
         if old.get("fingerprint") == json.loads(json.dumps(want)):
             print(f"seed {seed}: reusing {cache}", flush=True)
             return old
-    if (folder / "expert_iteration").exists():  # an unfinished or different earlier run
-        shutil.rmtree(folder / "expert_iteration")
     folder.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     ecfg = EpisodeConfig(turns=cfg.turns, n_candidates=cfg.n_candidates,
@@ -264,46 +269,49 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
                          batch_size=cfg.batch_size, seed=cfg.eval_seed)
     vcfg = VerifierConfig(backbone=cfg.policy, loss="bt", epochs=cfg.verifier_epochs,
                           max_len=cfg.verifier_max_len)
-    mcfg = MucodeConfig(
-        run_dir=str(folder / "expert_iteration"), seed=seed, iterations=cfg.iterations,
-        rollouts_per_task=cfg.rollouts_per_task, policy=PolicyConfig(spec=cfg.policy),
-        tasks=MucodeTasks(train_problems=cfg.train_problems, eval_tasks=0),
-        collect=EpisodeConfig(turns=cfg.turns, n_candidates=1, temperature=cfg.temperature,
-                              max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size),
-        verifier=vcfg,
-        sft=SFTConfig(lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, max_steps=cfg.sft_steps,
-                      warmup_steps=5, log_every=10))
-    t0 = time.time()
-    print(f"seed {seed}: expert iteration, {len(train)} {cfg.train_split} tasks x "
-          f"{cfg.rollouts_per_task} rollouts, {cfg.iterations} iterations", flush=True)
-    ei = run_mucode(mcfg, policy=load_policy(cfg.policy, reference="none"), train_tasks=train,
-                    eval_tasks=[], sandbox=sandbox)
-    timings["expert_iteration_s"] = round(time.time() - t0, 1)
-    for row in ei.rows:
-        print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                               for k, v in row.items()), flush=True)
+    runs, rows = {}, {}
+    for gen in ("expert_iteration", *[g for g in cfg.generators if g != "expert_iteration"]):
+        if (folder / gen).exists():  # an unfinished or different earlier run
+            shutil.rmtree(folder / gen)
+        mcfg = MucodeConfig(
+            run_dir=str(folder / gen), seed=seed, iterations=cfg.iterations,
+            rollouts_per_task=cfg.rollouts_per_task, policy=PolicyConfig(spec=cfg.policy),
+            tasks=MucodeTasks(train_problems=cfg.train_problems, eval_tasks=0),
+            collect=EpisodeConfig(turns=cfg.turns, n_candidates=1, temperature=cfg.temperature,
+                                  max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size),
+            verifier=vcfg, relabel=GENERATORS[gen],
+            sft=SFTConfig(lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, max_steps=cfg.sft_steps,
+                          warmup_steps=5, log_every=10))
+        t0 = time.time()
+        print(f"seed {seed}: {gen} ({GENERATORS[gen]} relabelling), {len(train)} "
+              f"{cfg.train_split} tasks x {cfg.rollouts_per_task} rollouts, {cfg.iterations} "
+              "iterations", flush=True)
+        runs[gen] = run_mucode(mcfg, policy=load_policy(cfg.policy, reference="none"),
+                               train_tasks=train, eval_tasks=[], sandbox=sandbox)
+        rows[gen] = runs[gen].rows
+        timings[f"{gen}_s"] = round(time.time() - t0, 1)
+    ei = runs["expert_iteration"]
     t0 = time.time()
     bcfg = dataclasses.replace(vcfg, loss="bce", seed=derive_seed(seed, "bce_verifier"))
     bce = build_verifier(bcfg)
     train_verifier(bce, [e for e in ei.data if e.group not in ei.held_out], bcfg)
     timings["bce_verifier_s"] = round(time.time() - t0, 1)
     synthetic, humaneval = {}, {}
-    for name, gen in (("start", start), ("expert_iteration", ei.policy)):
+    for name, gen in (("start", start), *((g, runs[g].policy) for g in runs)):
         t0 = time.time()
         synthetic[name] = _per_task(gen, syn_eval, ecfg, cfg.replicates, SELECTOR_ORDER,
                                     ei.verifier, bce, sandbox)
         timings[f"eval_synthetic_{name}_s"] = round(time.time() - t0, 1)
         c = synthetic[name]["conditions"]
         print(f"  {name}: " + ", ".join(f"{s} {statistics.fmean(c[f'multi-turn, BoN, {s}']):.3f}"
-                                        for s in SELECTOR_ORDER)
-              + f" ({timings[f'eval_synthetic_{name}_s']:.0f} s)", flush=True)
+                                        for s in SELECTOR_ORDER), flush=True)
         if he_fit:
             t0 = time.time()
             hcfg = dataclasses.replace(ecfg, turns=cfg.humaneval_turns)
             humaneval[name] = _per_task(gen, he_fit, hcfg, 1, tuple(cfg.humaneval_selectors),
                                         ei.verifier, bce, sandbox)
             timings[f"eval_humaneval_{name}_s"] = round(time.time() - t0, 1)
-    result = {"fingerprint": want, "seed": seed, "expert_iteration": ei.rows,
+    result = {"fingerprint": want, "seed": seed, "runs": rows,
               "verifier_heldout_tasks": len(ei.held_out), "synthetic": synthetic,
               "humaneval": humaneval, "timings_s": timings}
     cache.write_text(json.dumps(result, indent=1, default=float))
@@ -317,31 +325,35 @@ def _levels(per_seed: list[list[float]]) -> dict:
 
 
 def summarise(per_seed: dict[int, dict], eval_ids: list[str], leaked: set[str]) -> dict:
-    """Per condition: each generator's level and the paired change (expert iteration minus
+    """Per trained generator and condition: both levels and the paired change (generator minus
     start, per task and seed) over seeds, on every held-out task and on the ones no reference
-    of the trained problems solves; per generator, the within-generator contrasts; the
-    verifiers' ranking over seeds."""
+    of the trained problems solves; per generator (start included) the within-generator
+    contrasts; the verifiers' ranking over seeds."""
     seeds = list(per_seed)
     clean = [i for i, t in enumerate(eval_ids) if t not in leaked]
-    have = per_seed[seeds[0]]["synthetic"]["start"]["conditions"]
+    first = per_seed[seeds[0]]["synthetic"]
+    have = first["start"]["conditions"]
     conds = [c for c in CONDITION_ORDER if c in have] + [c for c in have if c not in CONDITION_ORDER]
-    methods = {}
-    for c in conds:
-        start = {s: per_seed[s]["synthetic"]["start"]["conditions"][c] for s in seeds}
-        end = {s: per_seed[s]["synthetic"]["expert_iteration"]["conditions"][c] for s in seeds}
-        delta = {s: [e - b for b, e in zip(start[s], end[s])] for s in seeds}
-        methods[c] = {"start": _levels(list(start.values())), "end": _levels(list(end.values())),
-                      "paired_change": stats.paired_change(delta),
-                      "paired_clean_change": stats.paired_change(
-                          {s: [d[i] for i in clean] for s, d in delta.items()})}
+    gens = [g for g in first if g != "start"]
+    generators: dict = {}
+    for g in gens:
+        for c in conds:
+            start = {s: per_seed[s]["synthetic"]["start"]["conditions"][c] for s in seeds}
+            end = {s: per_seed[s]["synthetic"][g]["conditions"][c] for s in seeds}
+            delta = {s: [e - b for b, e in zip(start[s], end[s])] for s in seeds}
+            generators.setdefault(g, {})[c] = {
+                "start": _levels(list(start.values())), "end": _levels(list(end.values())),
+                "paired_change": stats.paired_change(delta),
+                "paired_clean_change": stats.paired_change({s: [d[i] for i in clean] for s, d in delta.items()})}
     contrasts = {}
-    for g in GENERATORS:
+    for g in ["start", *gens]:
         for name, (a, b) in CONTRASTS.items():
             cs = {s: per_seed[s]["synthetic"][g]["conditions"] for s in seeds}
-            contrasts.setdefault(g, {})[name] = stats.paired_change(
-                {s: [x - y for x, y in zip(cs[s][a], cs[s][b])] for s in seeds})
+            if a in cs[seeds[0]] and b in cs[seeds[0]]:
+                contrasts.setdefault(g, {})[name] = stats.paired_change(
+                    {s: [x - y for x, y in zip(cs[s][a], cs[s][b])] for s in seeds})
     ranking = {}
-    for g in GENERATORS:
+    for g in ["start", *gens]:
         for v in ("bt", "bce"):
             for k in ("verifier/pairwise_acc", "verifier/auc", "verifier/bon_hit",
                       "verifier/bon_random"):
@@ -350,8 +362,36 @@ def summarise(per_seed: dict[int, dict], eval_ids: list[str], leaked: set[str]) 
                 m, ci = stats.t_interval(vals) if vals else (float("nan"), None)
                 ranking.setdefault(g, {}).setdefault(v, {})[k] = {"mean": m, "ci95": ci,
                                                                   "seeds": len(vals)}
-    return {"methods": methods, "contrasts": contrasts, "verifier_ranking": ranking,
+    return {"generators": generators, "contrasts": contrasts, "verifier_ranking": ranking,
             "clean_tasks": len(clean)}
+
+
+HEADLINE = "single-turn, N=1"
+"""The condition the relabelling controls are read on: one sample, one turn."""
+
+
+def controls(summary: dict) -> dict:
+    """Two ``controls`` records (:func:`labkit.experiments.stats.controls`). ``selection``:
+    can the harness see a better Best-of-N selector? positive = the oracle selector (hidden
+    tests) minus random, the claim = the learned verifier minus random (single turn, start
+    model). ``relabelling``: can it see better relabelling? positive = correct experts only
+    (``ei_oracle``) minus the start, negative = the start model's own correct samples
+    (``sft_self``) minus the start, the claim = expert iteration minus the start
+    (:data:`HEADLINE`)."""
+    c = summary["contrasts"].get("start", {})
+    out = {"selection": stats.controls(c.get("BoN: oracle - random (single-turn)"), None,
+                                       c.get("BoN: verifier - random (single-turn)"))}
+    g = summary["generators"]
+
+    def change(name):
+        return g.get(name, {}).get(HEADLINE, {}).get("paired_change")
+
+    out["relabelling"] = stats.controls(change("ei_oracle"), change("sft_self"),
+                                        change("expert_iteration"))
+    turns = c.get("turns: multi-turn - single-turn (random)")
+    out["multi_turn"] = {"gain": stats._compact(turns), "testable": bool(turns and stats.shown(turns)
+                                                                           and turns["mean"] > 0)}
+    return out
 
 
 def run(cfg: Config) -> Path:
@@ -359,8 +399,10 @@ def run(cfg: Config) -> Path:
 
     if not cfg.seeds:
         raise ValueError("experiment mucode needs at least one seed (--set seeds=[0,1,2])")
+    unknown = [g for g in cfg.generators if g not in GENERATORS]
+    if unknown:
+        raise ValueError(f"unknown generators {unknown}; choose from {list(GENERATORS)}")
     torch.set_num_threads(cfg.threads)
-    t_all = time.time()
     train = load_tasks("synthetic", cfg.train_split, n=cfg.train_problems, seed=cfg.task_seed)
     syn_eval = load_tasks("synthetic", "test", n=cfg.eval_tasks, seed=cfg.task_seed)[: cfg.eval_tasks]
     pool = ReferencePool(synthetic_problems(cfg.train_split, cfg.train_problems,
@@ -381,194 +423,127 @@ def run(cfg: Config) -> Path:
             per_seed[seed] = _run_seed(cfg, seed, train, syn_eval, he_fit, start, sandbox, weights)
     summary = summarise(per_seed, [t.task_id for t in syn_eval], leaked)
     results = {
-        "experiment": "mucode", "config": to_record(cfg),
+        "experiment": "mucode", "config": to_record(cfg), "command": _command(cfg),
         "setting": {"train_split": cfg.train_split, "split": "test", "model": cfg.policy,
-                    "train_problems": len(train), "rollouts_per_task": cfg.rollouts_per_task,
-                    "iterations": cfg.iterations, "sft_steps": cfg.sft_steps,
-                    "eval_tasks": len(syn_eval), "n_candidates": cfg.n_candidates,
-                    "turns": cfg.turns, "temperature": cfg.temperature,
-                    "max_new_tokens": cfg.max_new_tokens, "replicates": cfg.replicates,
-                    "task_seed": cfg.task_seed, "eval_seed": cfg.eval_seed,
-                    "seeds": list(cfg.seeds)},
+                    "model_sha256": weights, "train_problems": len(train),
+                    "rollouts_per_task": cfg.rollouts_per_task, "iterations": cfg.iterations,
+                    "sft_steps": cfg.sft_steps, "eval_tasks": len(syn_eval),
+                    "n_candidates": cfg.n_candidates, "turns": cfg.turns,
+                    "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
+                    "replicates": cfg.replicates, "task_seed": cfg.task_seed,
+                    "eval_seed": cfg.eval_seed, "seeds": list(cfg.seeds)},
         "seeds": list(cfg.seeds),
         "tasks": {"train": len(train), "eval": len(syn_eval), "eval_clean": summary["clean_tasks"],
                   "eval_solved_by_trained_reference": sorted(leaked),
                   "humaneval_total_test_val": he_total, "humaneval_fit": he_n_fit,
                   "humaneval_run": len(he_fit), "humaneval_ids": [t.task_id for t in he_fit]},
         **{k: v for k, v in summary.items() if k != "clean_tasks"},
-        "per_seed": {str(s): {k: v for k, v in r.items() if k != "fingerprint"}
-                     for s, r in per_seed.items()},
-        "timings_s": {"this_invocation_s": round(time.time() - t_all, 1),  # reused seeds cost ~0
-                      "per_seed_s": {str(s): round(sum(r["timings_s"].values()), 1)
+        "controls": controls(summary),
+        "training": {str(s): r["runs"] for s, r in per_seed.items()},
+        "timings_s": {"per_seed_s": {str(s): round(sum(r["timings_s"].values()), 1)
                                      for s, r in per_seed.items()}},
         "paper": PAPER,
     }
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mucode.json").write_text(dumps(results))
-    html, png = _figure(results, out)
-    md = out / "mucode.md"
-    md.write_text(_markdown(results, cfg, html, png).rstrip("\n") + "\n")
-    return md
+    return pages.write_page(results, cfg.out, render, figure)
 
 
-_NUMBERS = re.compile(r"\[\s*(-?[0-9][-0-9.eE+]*(?:,\s*-?[0-9][-0-9.eE+]*)*)\s*\]")
+def _command(cfg: Config) -> str:
+    import shlex
+
+    from labkit.experiments.config import _yaml_value
+
+    default = Config()
+    parts = ["python -m labkit experiment mucode"]
+    for f in dataclasses.fields(cfg):
+        if getattr(cfg, f.name) != getattr(default, f.name):
+            parts.append("--set " + shlex.quote(f"{f.name}={_yaml_value(getattr(cfg, f.name))}"))
+    return " ".join(parts)
 
 
-def dumps(results: dict) -> str:
-    """Indented JSON with every list of numbers on one line (the per-task values of every
-    seed would otherwise take one line each)."""
-    text = json.dumps(results, indent=2, default=float)
-    return _NUMBERS.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]",
-                        text)
-
-
-def _figure(r: dict, out: Path):
-    """Each condition's pass rate for both generators, with the interval over seeds."""
+def figure(r: dict, out: Path):
+    """Each generator's change from the start on every condition, with its interval over seeds."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    conds = list(r["methods"])
-    for g, label in (("start", "starting model"), ("end", "after expert iteration")):
-        ys = [100 * r["methods"][c][g]["mean"] for c in conds]
-        err = [100 * (r["methods"][c][g]["ci95"][1] - r["methods"][c][g]["mean"])
-               if r["methods"][c][g]["ci95"] else 0.0 for c in conds]
-        fig.add_trace(go.Bar(x=conds, y=ys, name=label,
-                             error_y={"type": "data", "array": err, "visible": True}))
-    fig.update_layout(barmode="group", template="plotly_white",
-                      title=f"muCODE on {r['setting']['eval_tasks']} held-out tasks, "
-                            f"{len(r['seeds'])} training seeds (95% t-interval over seeds)",
-                      yaxis_title="pass rate on the hidden tests (%)", xaxis_tickangle=-30)
-    return save_figure(fig, out, "mucode", width=1000, height=550)
+    for g, conds in r["generators"].items():
+        names = list(conds)
+        ys = [100 * conds[c]["paired_change"]["mean"] for c in names]
+        ci = [conds[c]["paired_change"]["ci95"] for c in names]
+        fig.add_trace(go.Bar(x=names, y=ys, name=g, error_y={
+            "type": "data", "array": [100 * (x[1] - y / 100) if x else 0 for x, y in zip(ci, ys)],
+            "arrayminus": [100 * (y / 100 - x[0]) if x else 0 for x, y in zip(ci, ys)]}))
+    fig.update_layout(barmode="group", template="plotly_white", xaxis_title="condition",
+                      title=f"muCODE: change from the starting model on {r['setting']['eval_tasks']} "
+                            f"held-out tasks ({len(r['seeds'])} seeds, 95% over seeds)",
+                      yaxis_title="change in pass rate (points)", xaxis_tickangle=-30)
+    return pages.save_figure(fig, out, "mucode", width=1000, height=550)
 
 
-def _pct(m: dict) -> str:
-    """``52.9 [49.1, 56.7]`` from a ``{"mean", "ci95"}`` record, in percent."""
-    s = f"{100 * m['mean']:.1f}"
-    if m.get("ci95"):
-        s += f" [{100 * m['ci95'][0]:.1f}, {100 * m['ci95'][1]:.1f}]"
-    return s
+def _pts(change) -> str:
+    """``+4.7 [+4.1, +5.3]`` points, or n/a."""
+    if not change:
+        return "n/a"
+    s = f"{100 * change['mean']:+.1f}"
+    return s + (f" [{100 * change['ci95'][0]:+.1f}, {100 * change['ci95'][1]:+.1f}]" if change.get("ci95") else "")
 
 
-def _change(m: dict) -> str:
-    s = f"{100 * m['mean']:+.1f}"
-    if m["ci95"]:
-        s += f" [{100 * m['ci95'][0]:+.1f}, {100 * m['ci95'][1]:+.1f}]"
-        s += "" if m["shown"] else " (not shown)"
-    return s
-
-
-def _per_seed(m: dict) -> str:
-    return ", ".join(f"{100 * v:+.1f}" for v in m["per_seed"].values())
-
-
-def _boot(ci) -> str:
-    return f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else "n/a"
-
-
-def _markdown(r: dict, cfg: Config, html: Path, png: Path | None) -> str:
-    st, t = r["setting"], r["tasks"]
-    n_seeds = len(r["seeds"])
-    minutes = sum(r["timings_s"]["per_seed_s"].values()) / 60
-    L = ["# muCODE on the tiny model: multi-turn repair, a learned verifier, expert iteration, BoN",
-         "",
-         f"Generated by `python -m labkit experiment mucode`: {n_seeds} training seeds "
-         f"({', '.join(map(str, r['seeds']))}), {minutes:.0f} minutes of compute on 2 CPU cores "
-         "in all. "
-         f"Expert iteration from `{st['model']}` on {st['train_problems']} synthetic problems "
-         f"of the `{st['train_split']}` templates x {st['rollouts_per_task']} rollouts x "
-         f"{st['turns']} turns, {st['iterations']} iterations of {st['sft_steps']} SFT steps. "
-         f"Evaluation, paired (the same tasks and sampling seed for both generators and every "
-         f"training seed): {st['eval_tasks']} held-out `test`-split tasks (templates neither "
-         f"training nor the model's SFT data holds), N = {st['n_candidates']} candidates a "
-         f"turn, T = {st['turns']} turns, temperature {st['temperature']}, "
-         f"{st['max_new_tokens']} new tokens, {st['replicates']} evaluation replicate(s) per "
-         "seed. Intervals are 95% t-intervals over training seeds; the hierarchical bootstrap "
-         "resamples seeds, then tasks; '(not shown)' marks a change whose interval over seeds "
-         "includes 0.",
-         "",
-         "## Held-out tasks: pass rate (%) on the hidden tests",
-         "",
-         "| condition | starting model | after expert iteration | paired change, CI over seeds "
-         "| per seed | hierarchical bootstrap | without tasks a trained reference solves |",
-         "|---|---|---|---|---|---|---|"]
-    for c, m in r["methods"].items():
-        L.append(f"| {c} | {_pct(m['start'])} | {_pct(m['end'])} | {_change(m['paired_change'])} "
-                 f"| {_per_seed(m['paired_change'])} | "
-                 f"{_boot(m['paired_change']['hierarchical_ci95'])} | "
-                 f"{_change(m['paired_clean_change'])} |")
-    L += ["",
-          f"The last column drops the {len(t['eval_solved_by_trained_reference'])} held-out tasks "
-          f"whose hidden tests a reference program of the {st['train_problems']} trained "
-          f"problems passes ({t['eval_clean']} tasks left). Single-turn = the first turn's "
-          "chosen attempt; multi-turn = the final attempt of the episode (it stops once the "
-          "public tests pass). `single-turn, N=1` is the exact mean over the turn-1 candidates; "
-          "the `random` selector picks one of the N uniformly, so it is distributed as N = 1. "
-          "The verifier selectors use each seed's Bradley-Terry verifier of its last "
-          "expert-iteration round, for the starting model too; `(BCE)` is a BCE verifier "
-          "trained on the same data.",
-          "",
-          "## What the paper's tables read: contrasts within a generator (points, paired)",
-          "",
-          "| contrast | starting model | after expert iteration |", "|---|---|---|"]
-    for name in CONTRASTS:
-        L.append(f"| {name} | {_change(r['contrasts']['start'][name])} | "
-                 f"{_change(r['contrasts']['expert_iteration'][name])} |")
-    L += ["", "## The paper (1B model, pass@1 %, MBPP / HumanEval)", "",
-          "| Table 1 | MBPP | HumanEval |", "|---|---|---|"]
-    for k, v in r["paper"]["table1"].items():
-        L.append(f"| {k} | {v['mbpp']} | {v['humaneval']} |")
-    L += ["", "| Table 2: BoN selector (N = 5, muCODE generator) | MBPP | HumanEval |",
-          "|---|---|---|"]
-    for k, v in r["paper"]["table2"].items():
-        L.append(f"| {k} | {v['mbpp']} | {v['humaneval']} |")
-    L += ["", "## Verifiers: Bradley-Terry vs BCE, ranking the turn-1 candidates of held-out tasks",
-          "", "| generator | loss | pairwise acc | AUC | BoN hit rate | random-pick rate |",
-          "|---|---|---|---|---|---|"]
-    for g, by in r["verifier_ranking"].items():
-        for v, m in by.items():
-            L.append(f"| {g} | {v} | {_pct(m['verifier/pairwise_acc'])} | "
-                     f"{_pct(m['verifier/auc'])} | {_pct(m['verifier/bon_hit'])} | "
-                     f"{_pct(m['verifier/bon_random'])} |")
-    L += ["", "Mean over seeds with the t-interval. BoN hit rate: over tasks with at least one "
-          "passing candidate, how often the top-scored one passes; the random-pick rate is the "
-          "same for a uniform pick.", "",
-          "## Expert iteration, per seed", "",
-          "| seed | iteration | collected final pass | turn-1 pass | verifier held-out AUC "
-          "| expert passes | SFT pairs | SFT loss | s |",
-          "|---|---|---|---|---|---|---|---|---|"]
-    for s, ps in r["per_seed"].items():
-        for row in ps["expert_iteration"]:
-            secs = sum(v for k, v in row.items() if k.startswith("time/"))
-            L.append(f"| {s} | {row['step']} | {row['collect/pass/final']:.3f} | "
-                     f"{row['collect/pass/turn1']:.3f} | "
-                     f"{row.get('heldout/verifier/auc', float('nan')):.3f} | "
-                     f"{row['expert/pass_frac']:.3f} | "
-                     f"{row['sft/pairs']} | {row['sft/final_loss']:.3f} | {secs:.0f} |")
-    L += ["", "## Bug-injected HumanEval", ""]
-    if t["humaneval_run"]:
-        L += [f"{t['humaneval_fit']} of the {t['humaneval_total_test_val']} test + val tasks have "
-              f"a turn-1 prompt that fits with {st['max_new_tokens']} new tokens; the first "
-              f"{t['humaneval_run']} were run, T = {cfg.humaneval_turns}, one replicate.", "",
-              "| generator | selector | single-turn | multi-turn |", "|---|---|---|---|"]
-        for g in GENERATORS:
-            for sel in cfg.humaneval_selectors:
-                vals = {k: [statistics.fmean(ps["humaneval"][g]["conditions"][f"{k}, BoN, {sel}"])
-                            for ps in r["per_seed"].values()] for k in ("single-turn", "multi-turn")}
-                L.append(f"| {g} | {sel} | " + " | ".join(
-                    _pct(_levels([[x] for x in v])) for v in vals.values()) + " |")
-    else:
-        L.append("Not run (`humaneval_tasks = 0`): few bug-injected HumanEval prompts fit the "
-                 "tiny model's 768 positions with room for a repair.")
-    L += ["", "## Wall time per seed (seconds)", "",
-          "| seed | " + " | ".join(next(iter(r["per_seed"].values()))["timings_s"]) + " |",
-          "|---|" + "---|" * len(next(iter(r["per_seed"].values()))["timings_s"])]
-    for s, ps in r["per_seed"].items():
-        L.append(f"| {s} | " + " | ".join(str(v) for v in ps["timings_s"].values()) + " |")
-    L += ["", f"Figure: [{html.name}]({html.name})"
-          + (f", ![pass rates]({png.name})" if png else ""),
-          "", "Numbers: [mucode.json](mucode.json), with every seed's per-task values.", ""]
-    return "\n".join(L)
-
-
-__all__ = ["Config", "run", "summarise", "PAPER", "CONTRASTS"]
+def render(r: dict) -> str:
+    """The page of a mucode results JSON."""
+    st, t, ctl = r["setting"], r["tasks"], r["controls"]
+    what = (f"Expert iteration from `{st['model']}` on {st['train_problems']} synthetic problems of "
+            f"the `{st['train_split']}` templates x {st['rollouts_per_task']} rollouts x {st['turns']} "
+            f"turns, {st['iterations']} iterations of {st['sft_steps']} SFT steps, one run per "
+            "generator and seed. Generators: `expert_iteration` (muCODE: every turn relabelled "
+            "with the verifier's local expert), `ei_filtered` (the expert used only when it "
+            "passes the public tests), and two controls: `ei_oracle` (correct experts only) and "
+            "`sft_self` (the same fine-tune on the model's own correct samples, no relabelling). "
+            f"Evaluation, paired: {st['eval_tasks']} held-out `test` tasks, N = {st['n_candidates']} "
+            f"candidates a turn, T = {st['turns']} turns, temperature {st['temperature']}; the "
+            "`oracle` selector reads the hidden tests (the ceiling of selection).")
+    lines = ["# muCODE on the tiny model: expert iteration, a learned verifier, Best-of-N", "",
+             what, "", f"Rerun: `{r['command']}`", "",
+             f"Model `{st['model']}` (weights sha256 `{st['model_sha256']}`), code "
+             f"`{(r.get('code_commit') or 'unknown')[:12]}`, training seeds {st['seeds']}. Changes "
+             "in points of pass rate; intervals 95% t over training seeds.", "",
+             "## Could this testbed see the effects?", "", "### Selecting among N candidates", "",
+             *pages.controls_lines(ctl["selection"], positive="oracle selector - random (single turn)",
+                                   negative=None, claim="learned verifier - random (single turn)",
+                                   unable="this harness cannot see a better selector"),
+             "", "### Relabelling", "",
+             *pages.controls_lines(ctl["relabelling"], positive="correct experts only - start",
+                                   negative="own correct samples - start",
+                                   claim="expert iteration - start",
+                                   unable="this harness cannot see better relabelling"), ""]
+    gain = ctl["multi_turn"]["gain"]
+    lines += ["### Multi-turn repair", "",
+              f"Multi-turn minus single-turn for the starting model (random pick): {_pts(gain)} points, "
+              + (stats.verdict(gain) if gain else "n/a") + ". "
+              + ("The model uses the feedback turn." if ctl["multi_turn"]["testable"] else
+                 "The starting model does not improve on a second turn with feedback (its SFT data "
+                 "held no feedback turn), so multi-turn repair cannot be tested on this model."), "",
+              "## Held-out pass rate: change from the starting model (points)", "",
+              "| condition | start | " + " | ".join(r["generators"]) + " |",
+              "|---|---|" + "---|" * len(r["generators"])]
+    first = next(iter(r["generators"].values()))
+    for c in first:
+        cells = []
+        for g in r["generators"]:
+            ch = r["generators"][g][c]["paired_change"]
+            cells.append(f"{_pts(ch)}{'' if stats.shown(ch) else ' (n.s.)'}")
+        lines.append(f"| {c} | {100 * first[c]['start']['mean']:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "(n.s.: not significant over seeds.)", "", "## Contrasts within a generator (points)", "",
+              "| contrast | " + " | ".join(r["contrasts"]) + " |", "|---|" + "---|" * len(r["contrasts"])]
+    names = list(next(iter(r["contrasts"].values())))
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(f"{_pts(r['contrasts'][g].get(n))}" for g in r["contrasts"]) + " |")
+    lines += ["", "## What expert iteration taught", "",
+              "| generator | seed | expert passes the hidden tests (last iteration) | SFT pairs |",
+              "|---|---|---|---|"]
+    for s, runs in r["training"].items():
+        for g, rows in runs.items():
+            last = rows[-1] if rows else {}
+            lines.append(f"| {g} | {s} | {last.get('expert/pass_frac', float('nan')):.2f} | "
+                         f"{last.get('sft/pairs', 0)} |")
+    lines += ["", f"Held-out tasks a trained-on reference solves: "
+              f"{len(t['eval_solved_by_trained_reference'])} of {t['eval']}.", ""] + pages.figure_line("mucode")
+    return "\n".join(lines)

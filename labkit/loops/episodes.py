@@ -135,11 +135,13 @@ def turn_prompt(task: RepairTask, previous_code: str | None, feedback: str | Non
 @dataclass(frozen=True)
 class CandidateView:
     """What a selector may see of one candidate: its public-test verdict and, when a
-    verifier is loaded, the verifier's score. Never the hidden tests."""
+    verifier is loaded, the verifier's score. Never the hidden tests, except the ``oracle``
+    selector's ``hidden_ok``: a ceiling to compare selectors with, not a selector to deploy."""
 
     public_passed: int
     public_total: int
     verifier_score: float | None = None
+    hidden_ok: bool | None = None
 
     @property
     def public_fraction(self) -> float:
@@ -149,6 +151,8 @@ class CandidateView:
 Selector = Callable[[Sequence[CandidateView], random.Random], int]
 SELECTORS: Registry[Selector] = Registry("selector")
 NEEDS_VERIFIER = frozenset({"verifier", "public_then_verifier"})
+READS_HIDDEN = frozenset({"oracle"})
+"""Selectors shown the hidden-test verdict: controls, never a deployable selection."""
 
 
 def _argmax(values: Sequence[float], among: Sequence[int]) -> int:
@@ -192,6 +196,16 @@ def select_public_then_verifier(cands: Sequence[CandidateView], rng: random.Rand
     frac = [c.public_fraction for c in cands]
     top = max(frac)
     return _argmax(_scores(cands), [i for i, f in enumerate(frac) if f == top])
+
+
+@SELECTORS.register("oracle")
+def select_oracle(cands: Sequence[CandidateView], rng: random.Random) -> int:
+    """A candidate that passes the hidden tests, when one does (first of them), else the public
+    tests' choice: the ceiling of Best-of-N selection (a verifier that reads the hidden tests)."""
+    if any(c.hidden_ok is None for c in cands):
+        raise ValueError("the oracle selector needs hidden verdicts (run_episodes gives them)")
+    ok = [i for i, c in enumerate(cands) if c.hidden_ok]
+    return ok[0] if ok else select_public_tests(cands, rng)
 
 
 # ============================================================================= records
@@ -434,8 +448,9 @@ def run_episodes(policy, tasks: Sequence[RepairTask], config: EpisodeConfig | No
             task = task_of[e]
             cands = cache[key[e]]
             ks = [(task.task_id, code) for code, _ in cands]
-            views = [CandidateView(pub[k].passed, task.public_tests.total, score.get(k))
-                     for k in ks]
+            reads_hidden = episodes[e].selector in READS_HIDDEN
+            views = [CandidateView(pub[k].passed, task.public_tests.total, score.get(k),
+                                   hid[k].ok if reads_hidden else None) for k in ks]
             rng = random.Random(derive_seed(cfg.seed, "select", task.task_id,
                                             episodes[e].rollout, turn, episodes[e].selector))
             chosen = SELECTORS.get(episodes[e].selector)(views, rng)

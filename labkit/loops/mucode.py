@@ -26,7 +26,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence
 
 from labkit.config import to_dict
 from labkit.env.records import RepairTask
@@ -101,6 +101,14 @@ class MucodeConfig:
     eval_selectors: tuple[str, ...] = ("random", "public_tests", "verifier", "public_then_verifier")
     """Selectors run side by side at each evaluation, sharing candidates wherever their states
     coincide; the verifier ones are skipped before the first iteration (no verifier yet)."""
+    relabel: Literal["verifier", "verifier_public", "oracle", "self"] = "verifier"
+    """What each turn is taught. ``verifier``: muCODE's local expert, the verifier's favourite
+    program of the task; ``verifier_public``: the same, used only when it passes the task's
+    public tests (filtered relabelling); ``oracle``: the verifier's favourite among programs
+    that pass the hidden tests (a control: relabelling with correct experts only);
+    ``self``: no relabelling, each turn's own candidates that pass the hidden tests (a
+    control: the same fine-tune on the policy's own correct samples, which separates
+    forgetting from wrong labels)."""
     save_checkpoints: bool = True
     """Write ``checkpoints/iter_k/`` after every iteration: the generator and tokenizer
     (``save_pretrained``), ``verifier/verifier.pt`` and ``experts.json``. Off saves disk and
@@ -149,7 +157,8 @@ def choose_experts(codes: dict[str, Sequence[str]],
     return out
 
 
-def collect_programs(pool: dict[str, dict[str, bool]], episodes: Sequence[Episode]) -> None:
+def collect_programs(pool: dict[str, dict[str, bool]], episodes: Sequence[Episode],
+                     public: dict[str, dict[str, bool]] | None = None) -> None:
     """Add every distinct candidate program of ``episodes`` to ``pool`` (task id -> program ->
     hidden-test label, in order of first appearance).
 
@@ -159,9 +168,25 @@ def collect_programs(pool: dict[str, dict[str, bool]], episodes: Sequence[Episod
     writes it (relabelling still uses this iteration's trajectories)."""
     for ep in episodes:
         progs = pool.setdefault(ep.task_id, {})
+        pubs = public.setdefault(ep.task_id, {}) if public is not None else {}
+        for turn in ep.turns:
+            for c, ok, (p, t) in zip(turn.candidates, turn.hidden_ok, turn.public):
+                progs.setdefault(c, ok)
+                pubs.setdefault(c, t > 0 and p == t)
+
+
+def own_passing_pairs(episodes: Sequence[Episode]) -> list[tuple[str, str]]:
+    """``(prompt_t, y)`` for every candidate ``y`` of every turn that passes the hidden tests,
+    duplicates dropped: the ``self`` control's fine-tuning data (no relabelling)."""
+    seen, pairs = set(), []
+    for ep in episodes:
         for turn in ep.turns:
             for c, ok in zip(turn.candidates, turn.hidden_ok):
-                progs.setdefault(c, ok)
+                pair = (turn.prompt, c.rstrip() + "\n")
+                if ok and c.strip() and pair not in seen:
+                    seen.add(pair)
+                    pairs.append(pair)
+    return pairs
 
 
 def relabel(episodes: Sequence[Episode], experts: dict[str, str]) -> list[tuple[str, str]]:
@@ -289,11 +314,18 @@ def fit_verifier(data: Sequence[VerifierExample], held_ids: set[str], cfg: Mucod
 
 
 def pick_experts(verifier: Verifier, programs: dict[str, dict[str, bool]],
-                 tasks: Sequence[RepairTask]) -> tuple[dict[str, str], dict]:
+                 tasks: Sequence[RepairTask],
+                 allowed: dict[str, dict[str, bool]] | None = None) -> tuple[dict[str, str], dict]:
     """Stage 3a: each task's local expert, the verifier's favourite among every program
-    collected for it so far (``programs``: :func:`collect_programs`), with ``expert/*``
-    metrics (how often the expert truly passes, and how many tasks have a passing program)."""
+    collected for it so far (``programs``: :func:`collect_programs`; with ``allowed``, only
+    among the programs it marks True), with ``expert/*`` metrics (how often the expert truly
+    passes, and how many tasks have a passing program)."""
     by_id = {t.task_id: t for t in tasks}
+    labels_all = programs
+    if allowed is not None:
+        programs = {tid: {c: ok for c, ok in p.items() if allowed.get(tid, {}).get(c)}
+                    for tid, p in programs.items()}
+        programs = {tid: p for tid, p in programs.items() if p}
     codes = {tid: list(p) for tid, p in programs.items()}
     labels = {tid: list(p.values()) for tid, p in programs.items()}
     flat = [(tid, c) for tid, cs in codes.items() for c in cs]
@@ -303,10 +335,10 @@ def pick_experts(verifier: Verifier, programs: dict[str, dict[str, bool]],
         scores.setdefault(tid, []).append(sc)
     experts = choose_experts(codes, scores)
     expert_ok = [labels[tid][codes[tid].index(c)] for tid, c in experts.items()]
-    solvable = sum(any(v) for v in labels.values())
+    solvable = sum(any(v.values()) for v in labels_all.values())
     return experts, {"expert/tasks": len(experts), "expert/programs": len(flat),
                      "expert/pass_frac": sum(expert_ok) / max(1, len(expert_ok)),
-                     "expert/solvable_frac": solvable / max(1, len(labels))}
+                     "expert/solvable_frac": solvable / max(1, len(labels_all))}
 
 
 def finetune(policy, pairs: Sequence[tuple[str, str]], cfg: MucodeConfig, iteration: int) -> dict:
@@ -353,6 +385,7 @@ class ExpertIteration:
         self.held_ids = {t.task_id for t in held}
         self.data: list[VerifierExample] = []
         self.programs: dict[str, dict[str, bool]] = {}  # every program so far (collect_programs)
+        self.public: dict[str, dict[str, bool]] = {}  # ... and whether it passes the public tests
         self.rows: list[dict] = []
         self.evals: list[dict] = []
         self.verifier: Verifier | None = None
@@ -392,9 +425,12 @@ class ExpertIteration:
         self.data += [e for e in collected_examples(self.train_tasks, episodes)
                       if (e.group, e.text) not in seen]
         self.verifier, vrow = fit_verifier(self.data, self.held_ids, cfg, it)
-        collect_programs(self.programs, episodes)
-        experts, erow = pick_experts(self.verifier, self.programs, self.train_tasks)
-        pairs = relabel(episodes, experts)
+        collect_programs(self.programs, episodes, self.public)
+        mode = cfg.relabel
+        allowed = {"verifier": None, "verifier_public": self.public, "self": None,
+                   "oracle": self.programs}[mode]
+        experts, erow = pick_experts(self.verifier, self.programs, self.train_tasks, allowed)
+        pairs = own_passing_pairs(episodes) if mode == "self" else relabel(episodes, experts)
         row.update({**vrow, **erow, "sft/pairs": len(pairs)})
         row.update(finetune(self.policy, pairs, cfg, it))
         self.run.append("metrics.jsonl", row)
