@@ -2,8 +2,9 @@
 
 The batch is the records of one step (their feedback ``components``); every change of a
 slider or toggle rebuilds the :class:`~labkit.credit.reshaping.ReshapeConfig` and
-recomputes, with the library's own functions, composite reward -> normalisation ->
-estimator -> advantage transforms. The table compares each rollout with the starting
+recomputes through the one credit pipeline the trainer uses
+(:class:`labkit.credit.pipeline.Credit`: composite reward -> normalisation -> estimator ->
+advantage transforms). The table compares each rollout with the starting
 config: reward, advantage and rank inside its group; Kendall's tau per group says how
 much the ranking changed (1 = same order).
 """
@@ -22,10 +23,10 @@ import torch
 from traitlets import Instance, List, Unicode
 
 from labkit.config import from_dict
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageInput, compute_advantages
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+from labkit.credit.pipeline import Credit, CreditInput
 from labkit.env.feedback import FEEDBACK_MODES, FeedbackConfig, r_feedback_of_record
-from labkit.credit.reshaping import (COMPONENT_OFF, RECIPES, ReshapeConfig, Reshaper,
-                                     components_on, recipe, transform_advantages)
+from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig, components_on, recipe
 from labkit.loops.trainer import TrainConfig
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run, read_rollouts
@@ -50,8 +51,8 @@ TOGGLES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "grpo",
               feedback: FeedbackConfig | None = None) -> pd.DataFrame:
-    """Rewards and advantages of one step's records under ``cfg``, as the trainer would
-    compute them with a fresh :class:`Reshaper`.
+    """Rewards and advantages of one step's records under ``cfg``, as the trainer computes
+    them (a fresh :class:`labkit.credit.pipeline.Credit`, so no running statistics).
 
     Columns: ``task_id``, ``sample``, ``term/<name>`` (weighted terms), ``reward``
     (composite), ``reward_norm`` (after ``cfg.normalise``; a stored batch has no running
@@ -61,22 +62,19 @@ def recompute(records: Sequence[Mapping], cfg: ReshapeConfig, estimator: str = "
     has it, else with 0. ``feedback`` re-reads every record's ``r_feedback`` under another
     regime (:func:`labkit.env.feedback.r_feedback_of_record`); ``None`` keeps the run's own.
     """
-    cfg.validate()
     steps = {r["step"] for r in records}
     if len(steps) != 1:
         raise ValueError(f"recompute needs the records of one step; got steps {sorted(steps)}")
-    reshaper = Reshaper(cfg)
-    reshaper.step = max(0, steps.pop() - 1)  # records carry step + 1 (logged after the step)
+    credit = Credit(cfg, estimator)
+    credit.step = max(0, steps.pop() - 1)  # records carry step + 1 (logged after the step)
     comps = [r["components"] for r in records]
     if feedback is not None:
         comps = [{**c, "r_feedback": r_feedback_of_record(r, feedback)} for c, r in zip(comps, records)]
-    rewards, terms = reshaper.rewards(comps,
-                                      [r.get("buggy_r_test") for r in records])  # [B]
-    normed, _ = reshaper.normalise(rewards)  # [B]
-    mask = torch.ones(len(records), 1, dtype=normed.dtype)  # [B, 1]: one token per sequence
     groups = [r["task_id"] for r in records]
-    adv, _ = compute_advantages(estimator, AdvantageInput(normed, groups, mask))  # [B, 1]
-    adv = transform_advantages(adv, cfg)[:, 0]  # [B]
+    # one token per sequence, in the dtype the trainer's completion mask has (float32)
+    out = credit(CreditInput(comps, groups, torch.ones(len(records), 1, dtype=torch.float32),
+                             [r.get("buggy_r_test") for r in records]))
+    rewards, terms, normed, adv = out.rewards, out.terms, out.normalised, out.advantages[:, 0]
     frame = pd.DataFrame({"task_id": groups, "sample": [r["sample"] for r in records],
                           **{f"term/{k}": [t[k] for t in terms] for k in terms[0]},
                           "reward": rewards.tolist(), "reward_norm": normed.tolist(),

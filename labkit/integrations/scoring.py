@@ -3,8 +3,9 @@
 :class:`SandboxScorer` is the one place both adapters score with: extract the program from a
 completion, run it in labkit's sandbox against the task's hidden tests under a feedback
 regime (:func:`labkit.env.feedback.evaluate_many`), and turn the components into the
-reshaping recipe's reward (:class:`labkit.credit.reshaping.Reshaper`, its precision gate
-against the buggy code's own signal): the functions labkit's own trainer calls.
+reshaping recipe's reward (stage 1 of :class:`labkit.credit.pipeline.Credit`, its precision
+gate against the buggy code's own signal, :class:`labkit.env.feedback.BuggyBaselines`): the
+functions labkit's own trainer calls.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from labkit.credit.reshaping import ReshapeConfig, Reshaper, check_regime, recipe, test_term
-from labkit.env.feedback import FeedbackConfig, evaluate_many
+from labkit.credit.pipeline import Credit
+from labkit.credit.reshaping import ReshapeConfig, check_regime, recipe
+from labkit.env.feedback import BuggyBaselines, FeedbackConfig, evaluate_many
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import default_sandbox
 from labkit.policy.prompts import extract_code
@@ -33,7 +35,7 @@ class SandboxScorer:
         check_regime(self.reshape, self.feedback.mode)
         self.sandbox = sandbox if sandbox is not None else default_sandbox()
         self._tasks: dict[str, RepairTask] = {}
-        self._buggy: dict[str, float] = {}
+        self.baselines = BuggyBaselines(self.feedback, self.sandbox)
 
     def task(self, record: str | dict) -> RepairTask:
         """The task of one dataset row (the JSON of ``RepairTask.to_dict()``), rebuilt once
@@ -46,17 +48,12 @@ class SandboxScorer:
     def rewards(self, tasks: Sequence[RepairTask], codes: Sequence[str], step: int = 0,
                 seed: int = 0) -> tuple[list[float], list[Components]]:
         """The recipe's rewards of programs ``codes`` for ``tasks`` and their components."""
-        todo = list({t.task_id: t for t in tasks if t.task_id not in self._buggy}.values())
-        if todo:  # the precision gate's baseline: the buggy code's own signal, once per task
-            base = evaluate_many(todo, [t.buggy_code for t in todo], config=self.feedback,
-                                 sandbox=self.sandbox, seed=seed)
-            for t, f in zip(todo, base):
-                self._buggy[t.task_id] = test_term(f.components, self.reshape)
+        baselines = self.baselines.of(tasks)  # the precision gate's, once per task
         fb = evaluate_many(tasks, codes, config=self.feedback, sandbox=self.sandbox, seed=seed)
-        reshaper = Reshaper(self.reshape)
-        reshaper.step = step
+        credit = Credit(self.reshape)
+        credit.step = step
         comps = [f.components for f in fb]
-        rewards, _ = reshaper.rewards(comps, [self._buggy[t.task_id] for t in tasks])
+        rewards, _ = credit.rewards(comps, baselines)
         return rewards.tolist(), comps
 
     def score(self, tasks: Sequence[RepairTask], completions: Sequence[str], step: int = 0,
