@@ -14,7 +14,7 @@ from labkit.credit.fork_credit import (assign_to_tokens, didpo_fork, fork_sites,
                                        needs_forks, normalise_deltas, spread_over_hunks)
 from labkit.loops.forks import ForkCreditConfig
 from labkit.env.records import SandboxResult, Status
-from labkit.experiments.credit import (agreement, average_ranks, hunk_credit, sign_agreement,
+from labkit.experiments.credit import (agreement, average_ranks, hunk_mean, sign_agreement,
                                        spearman)
 from labkit.policy.rollout import Rollout
 
@@ -161,7 +161,7 @@ def test_vectorised_matches_naive_loop():
 
 
 def test_hunk_tokens_match_hunk_effects():
-    from labkit.credit.ground_truth import hunk_effects
+    from labkit.loops.hunks import hunk_effects
 
     task = toy_tasks()[0]  # def inc(x): return x - 1
     code = "def inc(x):\n    y = x\n    return x + 1\n"
@@ -265,25 +265,24 @@ def test_agreement_metrics_on_constructed_cases():
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.948683, abs=1e-6)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
     assert sign_agreement([1.0, -2.0, 0.0, 5.0], [0.5, 1.0, 1.0, 0.0]) == pytest.approx(1 / 3)
-    # credit = 2 x effect through a per-token advantage: perfect agreement
-    effects = [1.0, -0.5, 0.0, 0.25, -1.0]
-    adv = torch.zeros(len(effects), 4, dtype=torch.float64)
+    # credit = 2 x value through a per-token advantage: perfect agreement
+    values = [1.0, -0.5, 0.0, 0.25, -1.0]
+    adv = torch.zeros(len(values), 4, dtype=torch.float64)
     records = []
-    for i, e in enumerate(effects):
+    for i, e in enumerate(values):
         adv[i, 1:3] = 2 * e
         adv[i, 0] = 99.0  # outside the hunk: must not count
-        records.append({"dataset": "d", "task_id": "t", "sample": i, "effect": e,
-                        "credit": {"aligned": hunk_credit(adv, i, (1, 2)),
-                                                "reversed": -hunk_credit(adv, i, (1, 2)),
-                                                "uniform": 1.0}})
-    assert hunk_credit(adv, 0, (0, 1)) == pytest.approx((99 + 2) / 2)
-    a = agreement(records, "aligned", n_boot=200)
-    assert a["spearman"] == pytest.approx(1.0) and a["sign_agreement"] == 1.0
+        records.append({"split": "d", "task_id": f"t{i % 3}", "round": 0, "sample": i, "value": e,
+                        "credit": {"aligned": hunk_mean(adv, i, (1, 2)),
+                                   "reversed": -hunk_mean(adv, i, (1, 2)), "uniform": 1.0}})
+    assert hunk_mean(adv, 0, (0, 1)) == pytest.approx((99 + 2) / 2)
+    a = agreement(records, "aligned", n_boot=200, seed=0)
+    assert a["spearman"] == pytest.approx(1.0) and a["sign"] == 1.0
     assert a["spearman_ci95"][0] == pytest.approx(1.0)
-    r = agreement(records, "reversed", n_boot=50)
-    assert r["spearman"] == pytest.approx(-1.0) and r["sign_agreement"] == 0.0
-    u = agreement(records, "uniform", n_boot=50)
-    assert math.isnan(u["spearman"]) and u["sign_agreement"] == pytest.approx(2 / 4)
+    r = agreement(records, "reversed", n_boot=50, seed=0)
+    assert r["spearman"] == pytest.approx(-1.0) and r["sign"] == 0.0
+    u = agreement(records, "uniform", n_boot=50, seed=0)
+    assert math.isnan(u["spearman"]) and u["sign"] == pytest.approx(2 / 4)
 
 
 def test_cli_overrides_select_didpo_fork():
@@ -299,26 +298,33 @@ def test_cli_overrides_select_didpo_fork():
 
 
 def test_within_rollout_agreement_removes_between_rollout_signal():
-    from labkit.experiments.credit import within_rollout
+    from labkit.experiments.credit import centred
 
     # two rollouts, uniform credit per rollout (GRPO-like): no within-rollout signal
-    recs = [{"dataset": "d", "task_id": "t", "sample": s, "effect": e,
+    recs = [{"split": "d", "task_id": "t", "round": 0, "sample": s, "value": e,
              "credit": {"uniform": u, "local": e}}
             for s, u, effs in ((0, 0.7, (1.0, 0.0)), (1, -0.7, (0.0, -1.0))) for e in effs]
-    c, e = within_rollout(recs, "uniform")
-    assert c == [0, 0, 0, 0] and e == [0.5, -0.5, 0.5, -0.5]
-    assert math.isnan(agreement(recs, "uniform", n_boot=10)["within_spearman"])
-    assert agreement(recs, "local", n_boot=10)["within_spearman"] == pytest.approx(1.0)
+    w = centred(recs, "uniform")
+    assert [r["c"] for r in w] == [0, 0, 0, 0] and [r["v"] for r in w] == [0.5, -0.5, 0.5, -0.5]
+    assert math.isnan(agreement(recs, "uniform", n_boot=10, seed=0)["within"])
+    assert agreement(recs, "local", n_boot=10, seed=0)["within"] == pytest.approx(1.0)
 
 
 def test_credit_intervals_resample_whole_tasks():
     """Hunks of one task share its rollouts: the interval resamples tasks (clusters), which
     is wider than resampling hunks one by one when the hunks of a task agree."""
-    from labkit.experiments.credit import bootstrap_ci
+    from labkit.experiments.credit import cluster_interval
 
     x = [0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 0.5, 0.6, 0.7, 2.0, 2.1, 2.2]
     y = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 2.0, 2.1, 2.2, 0.9, 1.0, 1.1]
-    tasks = [i // 3 for i in range(12)]
-    pairs = bootstrap_ci(x, y, spearman, n=400, seed=1)
-    clustered = bootstrap_ci(x, y, spearman, n=400, seed=1, clusters=tasks)
+
+    def recs(cluster):
+        return [{"split": "d", "task_id": cluster(i), "value": b, "credit": {"x": a}}
+                for i, (a, b) in enumerate(zip(x, y))]
+
+    def rho(rs):
+        return spearman([r["credit"]["x"] for r in rs], [r["value"] for r in rs])
+
+    pairs = cluster_interval(recs(lambda i: i), rho, 400, 1)
+    clustered = cluster_interval(recs(lambda i: i // 3), rho, 400, 1)
     assert clustered[1] - clustered[0] > pairs[1] - pairs[0]

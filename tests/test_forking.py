@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from labkit.credit.ground_truth import hunk_effects
+from labkit.loops.hunks import hunk_effects
 from labkit.env.records import (Candidate, IOCase, RepairTask, SandboxResult, Status,
                                 TestSuite)
 from labkit.policy import forking as fk

@@ -49,6 +49,15 @@ def test_the_credit_floor_reads_records_not_the_sampler():
     assert not bad, "\n".join(bad)
 
 
+def test_the_credit_floor_never_runs_the_sandbox():
+    """Credit receives effects as data (hunk values, fork rewards): running programs is the
+    environment's and the loops' work."""
+    bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit" / "credit").rglob("*.py")
+           for m in _imports(py) if m in ("labkit.env.sandbox", "labkit.env.feedback", "labkit.env.tasks")
+           or m.startswith("labkit.env.sandbox.")]
+    assert not bad, "\n".join(bad)
+
+
 def test_trl_and_verl_are_imported_only_by_the_integrations():
     """TRL and verl are optional extras: the rest of labkit never imports them."""
     bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit").rglob("*.py")

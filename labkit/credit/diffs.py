@@ -13,7 +13,7 @@ action), so a rollout's **root diff** is the candidate's changed and added lines
 * the **diff gate**: code that is re-emitted unchanged gets no local credit. A changed line
   whose normalised text equals a line of the buggy program (a moved or duplicated line)
   is dropped, and a candidate equal to the buggy program up to
-  :func:`labkit.env.feedback.normalise_code` (the ``noop`` feedback signal) has an empty root;
+  :func:`labkit.env.code.normalise_code` (the ``noop`` feedback signal) has an empty root;
 * **hunks**: root lines with no unchanged line between them form one hunk.
 
 Every line keeps the character span of its code in the *completion* (``code_start`` plus
@@ -28,7 +28,7 @@ import io
 import tokenize
 from dataclasses import dataclass
 from labkit.env.edits import line_runs
-from labkit.env.feedback import normalise_code
+from labkit.env.code import normalise_code
 
 _LAYOUT = frozenset({tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
                      tokenize.DEDENT, tokenize.ENDMARKER})

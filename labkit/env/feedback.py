@@ -35,7 +35,6 @@ reshaping floor's job.
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import functools
 import io
@@ -45,15 +44,14 @@ import random
 import re
 import subprocess
 import tempfile
-import threading
 import tokenize
-import warnings
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
+from labkit.env.code import _parse, _quiet_compiler, is_noop, normalise_code, parse_candidate  # noqa: F401
 from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status, TestOutcome
 from labkit.env.sandbox import Sandbox, default_sandbox, run_distinct
 
@@ -122,38 +120,13 @@ class FeedbackConfig:
 
 
 def r_test(result: SandboxResult) -> float:
-    """``r_test = passed / total`` (0 when no test was collected)."""
-    return result.passed / result.total if result.total else 0.0
+    """``r_test = passed / total`` (0 when no test was collected): ``SandboxResult.fraction``."""
+    return result.fraction
 
 
 def r_pass(result: SandboxResult) -> float:
     """``r_pass = 1[status == passed]``."""
     return 1.0 if result.status == Status.PASSED else 0.0
-
-
-_WARNINGS_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _quiet_compiler():
-    """Silence the warnings Python's compiler prints for dubious but valid code (``1if``, a
-    bad escape like ``'\\d'``: ``SyntaxWarning`` or, before 3.12, ``DeprecationWarning``).
-    They are about the policy's programs, not the lab's, and would fill the logs.
-
-    ``warnings.catch_warnings`` saves and restores the process's one filter list, so two
-    threads inside it at once (sampling threads, feedback components) could restore each
-    other's state and leave the filters changed for good; a lock keeps one thread inside at
-    a time (a parse takes microseconds)."""
-    with _WARNINGS_LOCK, warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        yield
-
-
-def parse_candidate(code: str) -> ast.Module:
-    """``ast.parse`` of a generated program, without compiler warnings (:func:`_quiet_compiler`)."""
-    with _quiet_compiler():
-        return ast.parse(code, "<candidate>")
 
 
 def r_compile(code: str, result: SandboxResult | None = None) -> float:
@@ -255,22 +228,6 @@ def r_feedback_of_record(record: Mapping, config: FeedbackConfig, seed: int = 0)
 
 
 # ----------------------------------------------------------------------------- precision
-
-
-@functools.lru_cache(maxsize=8192)
-def normalise_code(code: str) -> str:
-    """Code with comments, docstrings and whitespace normalised away (via the ast);
-    falls back to stripping trailing whitespace when the code does not parse. Memoised: a
-    step compares every candidate with its task's buggy code, 8 times the same one."""
-    try:
-        return ast.unparse(_parse(code))
-    except (SyntaxError, ValueError):
-        return "\n".join(line.rstrip() for line in code.strip().splitlines())
-
-
-def is_noop(buggy: str, candidate: str) -> bool:
-    """True when the candidate is the buggy program unchanged (up to normalisation)."""
-    return normalise_code(buggy) == normalise_code(candidate)
 
 
 def defines_entry_point(candidate: str, entry_point: str) -> bool:
@@ -390,20 +347,6 @@ def _ted(a: list[ast.AST], b: list[ast.AST]) -> int:
                         sub = fd[left_a - li][pb[jb] - lj] + td_a[jb]
                         row[y] = sub if sub < best else best
     return td[n - 1][m - 1]
-
-
-def _strip_docstrings(module: ast.Module) -> ast.Module:
-    for n in ast.walk(module):
-        body = getattr(n, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            n.body = body[1:] or [ast.Pass()]
-    return module
-
-
-@functools.lru_cache(maxsize=8192)
-def _parse(code: str) -> ast.Module:
-    return _strip_docstrings(parse_candidate(code))
 
 
 def _block_distance(a: list[ast.stmt], b: list[ast.stmt]) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 from rapidfuzz import fuzz, process
 
-from labkit.env.feedback import normalise_code
+from labkit.env.code import normalise_code
 from labkit.env.synthetic import SyntheticProblem
 
 

@@ -37,7 +37,7 @@ from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.experiments import pages, stats
-from labkit.experiments.config import RESULTS
+from labkit.experiments.config import RESULTS, _yaml_value
 from labkit.loops.forks import measure_forks
 from labkit.loops.hunks import hunk_values
 from labkit.loops.metrics import average_ranks
@@ -336,8 +336,6 @@ def run(cfg: Config) -> Path:
 def _command(cfg: Config) -> str:
     import dataclasses
     import shlex
-
-    from labkit.experiments.config import _yaml_value
 
     default = Config()
     parts = ["python -m labkit experiment credit"]

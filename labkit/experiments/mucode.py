@@ -41,7 +41,7 @@ from labkit.config import to_record
 from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
-from labkit.experiments.config import RESULTS
+from labkit.experiments.config import RESULTS, _yaml_value
 from labkit.experiments import pages, stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -449,8 +449,6 @@ def run(cfg: Config) -> Path:
 
 def _command(cfg: Config) -> str:
     import shlex
-
-    from labkit.experiments.config import _yaml_value
 
     default = Config()
     parts = ["python -m labkit experiment mucode"]

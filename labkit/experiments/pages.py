@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from labkit.experiments import stats
+from labkit.experiments import load, stats
 from labkit.experiments.config import code_commit
 
 READINGS = {"paired": "pass@1", "paired_pass_k": "pass@k"}
@@ -44,8 +44,6 @@ def write_page(results: dict, out: str | Path, render: Callable[[dict], str],
 
 def rerender(json_path: str | Path) -> str:
     """The page of a committed results JSON, rendered again by its experiment's ``render``."""
-    from labkit.experiments import load
-
     data = json.loads(Path(json_path).read_text())
     return load(data["experiment"].split("/")[0]).render(data).rstrip("\n") + "\n"
 

@@ -23,14 +23,19 @@ that is not shown, the harness cannot see reward-shaping effects of this size.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig
+from labkit.env.tasks import load_tasks
 from labkit.experiments import pages, stats
 from labkit.experiments.config import ExperimentConfig, command
 from labkit.experiments.paired import add_paired
 from labkit.experiments.runs import run_methods, training_record
+from labkit.policy.evaluate import EvalConfig, evaluate
+from labkit.policy.loading import load_policy, weights_fingerprint
 
 TITLE = "Reward reshaping for GRPO under sparse feedback"
 
@@ -205,13 +210,6 @@ def template_pass_rates(out: str | Path | None = None, split: str = "val", n: in
     (:attr:`Config.templates`) is chosen. Writes ``<out>/sparse_mix.json`` when ``out`` is given
     (``python -c "from labkit.experiments.reshaping import template_pass_rates as t;
     t('docs/results')"``)."""
-    import json
-    from collections import defaultdict
-
-    from labkit.env.tasks import load_tasks
-    from labkit.policy.evaluate import EvalConfig, evaluate
-    from labkit.policy.loading import load_policy, weights_fingerprint
-
     tasks = load_tasks("synthetic", split=split, n=n, seed=task_seed, n_bugs=2)
     rep = evaluate(load_policy(policy), tasks, EvalConfig(k=k, temperature=temperature, greedy=False,
                                                           seed=sample_seed, parallel_chunks=2))

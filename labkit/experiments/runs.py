@@ -17,6 +17,7 @@ from pathlib import Path
 from labkit.config import to_dict, to_record
 from labkit.experiments import stats
 from labkit.experiments.config import ExperimentConfig, base_train_config, code_commit
+from labkit.experiments.paired import paired_list
 from labkit.loops.events import RunFolder
 from labkit.loops.trainer import WATCH_FIELDS, TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
@@ -32,8 +33,6 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
     configure = configure or (lambda method, cfg: None)
     if exp.paired_tasks:
-        from labkit.experiments.paired import paired_list
-
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
     for method, make in methods.items():

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.credit.advantages import needs
 from labkit.env.records import RepairTask, Rollout
 from labkit.policy.rollout import SamplingConfig
 
@@ -78,17 +77,3 @@ class Stage:
 
     def load(self, policy, folder: Path) -> None:
         return None
-
-
-def stages_for(estimator: str, policy, fork_config, hunk_config) -> list[Stage]:
-    """The stages estimator ``estimator`` needs, in a fixed order (forks, then hunks)."""
-    from labkit.loops.forks import ForkStage
-    from labkit.loops.hunks import HunkStage
-
-    wanted = needs(estimator)
-    out: list[Stage] = []
-    if "forks" in wanted:
-        out.append(ForkStage(policy, fork_config))
-    if "hunks" in wanted:
-        out.append(HunkStage(hunk_config))
-    return out

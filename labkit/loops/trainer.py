@@ -35,7 +35,7 @@ from typing import Literal, Sequence
 import torch
 
 from labkit.config import apply_overrides, from_dict, load_yaml, to_dict
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, needs
 from labkit.credit.anchors import anchor_records
 from labkit.credit.losses import POLICY_LOSSES, LossConfig, agg_loss, kl_penalty
 from labkit.credit.pipeline import Credit, CreditInput, baseline_term
@@ -47,11 +47,11 @@ from labkit.env.sandbox import Sandbox, SandboxConfig
 from labkit.env.tasks import load_tasks
 from labkit.loops import metrics as M
 from labkit.loops.events import EventBus, RunFolder
-from labkit.loops.forks import ForkCreditConfig
-from labkit.loops.hunks import HunkConfig
+from labkit.loops.forks import ForkCreditConfig, ForkStage
+from labkit.loops.hunks import HunkConfig, HunkStage
 from labkit.loops.records import RolloutRecord
 from labkit.loops.trackers import TrackerConfig, Trackers, report_to_names
-from labkit.loops.stages import Stage, StepContext, stages_for
+from labkit.loops.stages import Stage, StepContext
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import PolicyConfig, load_policy
 from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, sample,
@@ -802,6 +802,19 @@ class DataParallel:
         if self.accel is None or last:
             return contextlib.nullcontext()
         return self.accel.no_sync(model)
+
+
+def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
+               hunk_config: HunkConfig) -> list[Stage]:
+    """The rollout stages estimator ``estimator`` needs (its registry ``needs``), in a fixed
+    order: forks, then hunk values."""
+    wanted = needs(estimator)
+    out: list[Stage] = []
+    if "forks" in wanted:
+        out.append(ForkStage(policy, fork_config))
+    if "hunks" in wanted:
+        out.append(HunkStage(hunk_config))
+    return out
 
 
 def _bucket(task: RepairTask) -> str:

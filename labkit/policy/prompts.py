@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from labkit.env.feedback import parse_candidate
+from labkit.env.code import parse_candidate
 from labkit.env.records import RepairTask
 
 INSTRUCTION = "Fix the bug in this Python function."
