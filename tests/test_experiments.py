@@ -1,13 +1,14 @@
-"""The experiments' shared statistics, the equal-wall-clock reading, and one end-to-end run
-of ``python -m labkit experiment didpo`` on a tiny budget (the code path of the real one)."""
+"""The experiments: run management (reuse, resume, move aside), the paired evaluation, the
+pages rendered from their JSON (the committed ones included), and each experiment end to end
+on a tiny budget (the code path of the real one)."""
 
 import json
-import math
 import statistics
 import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 
 from labkit.experiments import load
 
@@ -17,80 +18,44 @@ def test_unknown_experiment_is_named():
         load("nope")
 
 
-def test_equal_wall_reads_the_fork_curve_at_grpo_wall_time():
-    didpo = load("didpo")
-    grpo = {"seeds": [{"seed": 0, "s_per_step": 99.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.6,
-                       "wall_s": 40.0, "curve": [[0, 0.5], [10, 0.55], [20, 0.6]]}]}
-    fork = {"seeds": [{"seed": 0, "s_per_step": 1.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.7,
-                       "wall_s": 60.0, "curve": [[0, 0.5], [10, 0.52], [20, 0.7]]}]}
-    costs = {"grpo": 2.0, "didpo_fork": 3.0}  # measured side by side; the runs' own s/step unused
-    r = didpo.equal_wall(grpo, fork, costs)
-    s = r["seeds"][0]
-    assert s["steps_at_wall"] == 13          # floor(20 * 2 / 3)
-    assert s["step_evaluated"] == 10         # the last evaluation at or before step 13
-    assert s["pass_at_1_end"] == 0.52
-    assert r["delta"][0] == pytest.approx(0.02)
-    assert r["wall_s"] == pytest.approx(30.0)  # 10 steps x 3 s
-    # a fork run shorter than GRPO's (fork_steps): GRPO's 20 steps x 2 s buy 4 fork steps at 10 s
-    short = {"seeds": [{"seed": 0, "s_per_step": 10.0, "pass_at_1_start": 0.5, "pass_at_1_end": 0.58,
-                        "wall_s": 50.0, "curve": [[0, 0.5], [2, 0.56], [4, 0.58]]}]}
-    s = didpo.equal_wall(grpo, short, {"grpo": 2.0, "didpo_fork": 10.0})["seeds"][0]
-    assert (s["steps_at_wall"], s["step_evaluated"], s["pass_at_1_end"]) == (4, 4, 0.58)
-
-
-def test_equal_wall_never_reports_the_start_policy_as_trained():
-    """A budget that ends before the first evaluation after step 0 reads step 0, the start
-    policy: that seed is left out and named, not averaged in."""
-    didpo = load("didpo")
-    grpo = {"seeds": [{"seed": s, "curve": [[0, 0.5], [20, 0.6]]} for s in (0, 1)]}
-    fork = {"seeds": [{"seed": 0, "pass_at_1_start": 0.5, "curve": [[0, 0.5], [2, 0.56]]},
-                      {"seed": 1, "pass_at_1_start": 0.5, "curve": [[0, 0.5], [4, 0.9]]}]}
-    r = didpo.equal_wall(grpo, fork, {"grpo": 1.0, "didpo_fork": 7.0})  # 20 / 7 -> 2 steps
-    assert [s["seed"] for s in r["seeds"]] == [0]
-    assert r["not_reached"] == [{"seed": 1, "steps_at_wall": 2, "first_evaluation": 4}]
-    assert r["end"] == (0.56, None)
-    none = didpo.equal_wall(grpo, fork, {"grpo": 1.0, "didpo_fork": 100.0})
-    assert none["seeds"] == [] and "end" not in none
-    lines = didpo.cost_lines({"step_costs_s": {"grpo": 1.0, "didpo_fork": 100.0},
-                              "didpo_fork@wall": none})
-    assert any("No seed reached one" in line for line in lines)
-
-
 def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
-    """Two methods, one seed, one step: trains, evaluates, writes md/json/html with the
-    numbers the trainer logged."""
-    sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
-            "eval_k=1", "train_problems=8", "methods=grpo,didpo", "ablations=", "paired_tasks=2",
-            "paired_k=1", "paired_start_k=1", f"out={tmp_path}",
-            f"run_root={tmp_path / 'runs'}"]
+    """Every method and control, one seed, one step: trains, measures the costs side by side,
+    trains the fork at GRPO's wall time and the scale-matched variants, evaluates, writes the
+    page with its controls."""
+    sets = ["seeds=0", "steps=2", "tasks_per_step=1", "group_size=2", "eval_every=2", "eval_tasks=2",
+            "eval_k=1", "train_problems=8", "paired_tasks=2", "paired_k=1", "paired_pass_k=2",
+            "paired_per_template=0", "cost_rounds=1", "scale_matched=[oracle_hunk]",
+            f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "didpo"] + [a for s in sets for a in ("--set", s)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
-    last = json.loads(p.stdout.strip().splitlines()[-1])
-    assert set(last) >= {"experiment", "report", "grpo_delta", "didpo_delta"}
     res = json.loads((tmp_path / "didpo.json").read_text())
-    for m in ("grpo", "didpo"):
+    assert set(res["methods"]) == {"grpo", "didpo", "didpo_fork", "oracle_hunk", "oracle_hunk_shuffled",
+                                   "oracle_hunk@rms", "didpo_fork@wall"}
+    for m in ("grpo", "oracle_hunk"):
         seed = res["methods"][m]["seeds"][0]
-        assert [p[0] for p in seed["curve"]] == [0, 1]
-        assert 0.0 <= seed["pass_at_1_start"] <= 1.0 and seed["s_per_step"] > 0
         evals = (tmp_path / "runs" / "didpo" / m / "seed0" / "eval.jsonl").read_text().splitlines()
         assert json.loads(evals[-1])["eval/pass_at_1"] == seed["pass_at_1_end"]
-    assert "| grpo |" in (tmp_path / "didpo.md").read_text()
-    assert set(res["step_costs_s"]) == {"grpo", "didpo"} and min(res["step_costs_s"].values()) > 0
-    assert res["setting"]["n_bugs"] == 2 and res["setting"]["multi_hunk"] is True
-    assert res["methods"]["didpo"]["paired_change"]["over"] == "seeds"
-    rolled = (tmp_path / "runs" / "didpo" / "didpo" / "seed0" / "rollouts.jsonl").read_text()
-    assert "/2bugs" in rolled  # multi-hunk tasks
-    assert "measured side by side" in (tmp_path / "didpo.md").read_text()
+    runs = tmp_path / "runs" / "didpo"
+    oracle_rows = [json.loads(x) for x in (runs / "oracle_hunk" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert all("hunks/programs" in r and "time/hunk" in r for r in oracle_rows)
+    cfg = json.loads((runs / "oracle_hunk@rms" / "seed0" / "config.json").read_text())
+    assert cfg["estimator"] == "oracle_hunk" and cfg["match_scale"] is True
+    wall = json.loads((runs / "didpo_fork@wall" / "seed0" / "config.json").read_text())
+    assert wall["steps"] == res["wall_steps"] == max(1, int(2 * res["step_costs_s"]["grpo"]
+                                                            / res["step_costs_s"]["didpo_fork"]))
+    assert set(res["controls"]) >= {"positive", "negative", "mde", "sensitive"}
+    assert res["methods"]["oracle_hunk"]["abs_adv_per_token"] is not None
+    md = (tmp_path / "didpo.md").read_text()
+    assert "Could this testbed see the effect?" in md and "measured side by side" in md
     html = (tmp_path / "didpo.html").read_text()
-    assert 'src="plotly.min.js"' in html and '"name":"grpo seed 0"' in html
-    assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000  # shared by every figure
+    assert 'src="plotly.min.js"' in html and '"name":"grpo"' in html
 
 
 def test_finished_runs_are_recognised_and_summarised(tmp_path):
     from labkit.config import to_dict
-    from labkit.experiments import (ExperimentConfig, base_train_config, finished_run, record_weights,
-                                    summarise_run)
+    from labkit.experiments.config import ExperimentConfig, base_train_config
+    from labkit.experiments.runs import finished_run, record_weights, summarise_run
 
     exp = ExperimentConfig(steps=2, eval_every=1)
     cfg = base_train_config(exp, 0, str(tmp_path))
@@ -125,21 +90,10 @@ def test_finished_runs_are_recognised_and_summarised(tmp_path):
     assert s["curve"] == [[0, 0.4], [1, 0.45], [2, 0.55]] and s["train_reward_last"] == 0.7
 
 
-def test_didpo_fork_and_ablation_steps_set_their_budgets_only():
-    from labkit.experiments import base_train_config
-
-    didpo = load("didpo")
-    exp = didpo.Config(steps=40, eval_every=20, fork_steps=8, ablation_steps=20)
-    for method, steps, every in (("grpo", 40, 20), ("didpo", 40, 20), ("didpo_fork", 8, 8),
-                                 ("didpo_no_ae", 20, 20)):
-        cfg = base_train_config(exp, 0, "runs/x")
-        didpo._configure(exp)(method, cfg)
-        assert (cfg.estimator, cfg.steps, cfg.eval_every) == (method, steps, every)
-
-
 def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     from labkit.config import to_dict
-    from labkit.experiments import ExperimentConfig, base_train_config, prepare_run_dir, record_weights
+    from labkit.experiments.config import ExperimentConfig, base_train_config
+    from labkit.experiments.runs import prepare_run_dir, record_weights
 
     run = tmp_path / "seed0"
     cfg = base_train_config(ExperimentConfig(steps=6), 0, str(run))
@@ -170,24 +124,11 @@ def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     assert (tmp_path / "seed0.replaced-3" / "weights.json").exists() and not run.exists()
 
 
-def test_report_rewrite_keeps_the_hand_written_commentary(tmp_path):
-    from labkit.experiments import COMMENTARY, write_markdown
-
-    md = tmp_path / "x.md"
-    write_markdown(md, "# numbers v1\n")
-    assert md.read_text() == "# numbers v1\n"
-    md.write_text(md.read_text() + "\n" + COMMENTARY + "\n\nWhat the numbers say.\n")
-    write_markdown(md, "# numbers v2\n")
-    text = md.read_text()
-    assert text.startswith("# numbers v2\n") and "v1" not in text
-    assert text.endswith(COMMENTARY + "\n\nWhat the numbers say.\n")
-
-
 def test_figures_in_a_subfolder_load_the_projects_shared_plotly_copy(tmp_path):
     import plotly.graph_objects as go
     from plotly.offline import get_plotlyjs_version
 
-    from labkit.experiments import save_figure, write_figure_html
+    from labkit.experiments.pages import save_figure, write_figure_html
 
     fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 0], name="curve"))
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
@@ -221,8 +162,10 @@ def test_a_paired_list_that_cannot_be_filled_fails_before_any_training(tmp_path,
     run folder exists (it used to come after all the training)."""
     from types import SimpleNamespace
 
-    import labkit.experiments as ex
+    import labkit.experiments.paired as ex
     from labkit.env.balanced import balanced_tasks
+    from labkit.experiments.config import ExperimentConfig
+    from labkit.experiments.runs import run_methods
 
     def load(m):  # a stream of at most 30 tasks of 3 templates
         return [SimpleNamespace(meta={"template": f"tpl{i % 3}"}) for i in range(min(m, 30))]
@@ -231,56 +174,68 @@ def test_a_paired_list_that_cannot_be_filled_fails_before_any_training(tmp_path,
         return balanced_tasks(10, 2, load)
 
     monkeypatch.setattr(ex, "held_out_tasks", unfillable)
-    exp = ex.ExperimentConfig(seeds=(0,), steps=1, paired_tasks=10, run_root=str(tmp_path / "runs"))
+    exp = ExperimentConfig(seeds=(0,), steps=1, paired_tasks=10, run_root=str(tmp_path / "runs"))
     with pytest.raises(ValueError, match="only 6 tasks with at most 2 per template"):
-        ex.run_methods("learning", {"grpo": lambda: None}, exp)
+        run_methods("learning", {"grpo": lambda: None}, exp)
     assert not (tmp_path / "runs").exists()
 
 
-def test_paired_difference_golden_and_bootstrap():
-    from labkit.experiments.paired import paired_difference
+def test_task_interval_golden_and_bootstrap():
+    from labkit.experiments.paired import task_interval
 
-    r = paired_difference([0.0, 0.5, 1.0, 0.25], [0.5, 0.5, 0.75, 1.0])
+    r = task_interval([0.0, 0.5, 1.0, 0.25], [0.5, 0.5, 0.75, 1.0])
     assert r["mean"] == pytest.approx((0.5 + 0 - 0.25 + 0.75) / 4)
     assert (r["improved"], r["worsened"], r["tasks"]) == (2, 1, 4)
     assert -0.25 <= r["ci95"][0] <= r["mean"] <= r["ci95"][1] <= 0.75
-    same = paired_difference([0.5] * 10, [0.5] * 10)
+    same = task_interval([0.5] * 10, [0.5] * 10)
     assert same["mean"] == 0 and same["ci95"] == [0.0, 0.0]
-    shift = paired_difference([0.25] * 50, [0.5] * 50)  # every task up by 0.25: a tight interval
-    assert shift["ci95"] == [pytest.approx(0.25), pytest.approx(0.25)]
     with pytest.raises(ValueError, match="same"):
-        paired_difference([0.1], [0.1, 0.2])
+        task_interval([0.1], [0.1, 0.2])
 
 
-def test_add_paired_reads_cached_evaluations_and_intervals_are_over_seeds(tmp_path):
-    """Every run's paired evaluation is cached: nothing is evaluated, and the paired change's
-    interval is a t-interval over the seeds' mean changes."""
-    from labkit.experiments import ExperimentConfig, add_paired
-    from labkit.experiments.paired import cache_name, held_out_tasks
-    from labkit.experiments.reshaping import method_difference
+def test_add_paired_reads_cached_evaluations_and_each_seed_has_its_own_start(tmp_path, monkeypatch):
+    """Every evaluation is cached under a name of what it evaluated; a seed's change is its end
+    minus the start evaluated at that seed's own sampling seed; nothing is evaluated twice."""
+    import labkit.experiments.paired as paired
+    from labkit.experiments.config import ExperimentConfig, base_train_config
+    from labkit.config import to_dict
 
-    exp = ExperimentConfig(paired_tasks=3, paired_k=4, paired_start_k=4, seeds=(0, 1))
-    ids = [t.task_id for t in held_out_tasks(3)]
-    key = {"tasks": 3, "k": 4, "eval_seed": 4321, "temperature": 0.7, "task_ids": ids}
-    start = [0.25, 0.5, 0.0]
-    ends = {"raw_grpo": {0: [0.5, 0.5, 0.25], 1: [0.25, 0.75, 0.0]},
-            "reshaped_grpo": {0: [0.5, 0.75, 0.25], 1: [0.5, 0.75, 0.0]}}
-    results = {"methods": {m: {"seeds": []} for m in ends}}
-    for m, per in ends.items():
-        for seed, end in per.items():
-            d = tmp_path / m / f"seed{seed}"
+    calls = []
+
+    def fake_correct(load, tasks, k, temperature, seed, proto, path, sandbox):
+        calls.append((str(path.parent), k, temperature, seed))
+        bump = 0 if path.parent.name == "paired-start" else 1  # ends one better than starts
+        return [(seed + i + bump) % (k + 1) for i in range(len(tasks))]
+
+    monkeypatch.setattr(paired, "_correct", fake_correct)
+    monkeypatch.setattr(paired, "paired_list", lambda exp: [type("T", (), {"task_id": f"t{i}"})()
+                                                           for i in range(3)])
+    monkeypatch.setattr(paired, "latest_checkpoint", lambda d: Path(d) / "checkpoints" / "step_1")
+    exp = ExperimentConfig(paired_tasks=3, paired_k=4, paired_pass_k=2, seeds=(0, 1), train_split="train",
+                           run_root=str(tmp_path))
+    results = {"methods": {}}
+    for m in ("a", "b"):
+        seeds = []
+        for s in (0, 1):
+            d = tmp_path / m / f"seed{s}"
             d.mkdir(parents=True)
-            (d / cache_name(ids)).write_text(json.dumps({**key, "start_per_task": start, "end_per_task": end}))
-            results["methods"][m]["seeds"].append({"seed": seed, "run_dir": str(d)})
-    add_paired(results, exp)
-    raw = results["methods"]["raw_grpo"]["paired_change"]
-    assert raw["per_seed"] == {"0": pytest.approx(1 / 6), "1": pytest.approx(1 / 12)}
-    m, ci = 0.125, 12.706 * (1 / 12 / 2 ** 0.5) / 2 ** 0.5
-    assert raw["mean"] == pytest.approx(m) and raw["ci95"] == pytest.approx([m - ci, m + ci])
-    assert raw["over"] == "seeds" and raw["shown"] is False  # two seeds far apart: not shown
-    diff = method_difference(results, "raw_grpo", "reshaped_grpo")
-    assert diff["per_seed"] == {"0": pytest.approx(1 / 12), "1": pytest.approx(1 / 12)}
-    assert diff["ci95"] == pytest.approx([1 / 12, 1 / 12]) and diff["shown"] is True
+            (d / "config.json").write_text(json.dumps(to_dict(base_train_config(exp, s, str(d)))))
+            seeds.append({"seed": s, "run_dir": str(d)})
+        results["methods"][m] = {"seeds": seeds}
+    paired.add_paired(results, exp)
+    proto = paired.Protocol.of(exp)
+    for s in (0, 1):
+        e = proto.seed_for(s)
+        start = [((e + i) % 5) / 4 for i in range(3)]
+        end = [((e + i + 1) % 5) / 4 for i in range(3)]
+        ch = results["methods"]["a"]["paired_change"]
+        assert ch["per_task"][str(s)] == pytest.approx([b - a for a, b in zip(start, end)])
+    assert proto.seed_for(0) != proto.seed_for(1)
+    starts = [c for c in calls if c[0].endswith("paired-start")]
+    assert len(starts) == 4  # two seeds x (pass@1, pass@k), once each for both methods
+    assert {c[1:3] for c in calls} == {(4, 0.7), (2, 1.6)}
+
+
 def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     """Two seeds, one step, paired evaluation on 3 tasks: the results file has the setting,
     the command that reruns it, the code commit and, per seed, the start evaluated at that
@@ -315,25 +270,42 @@ def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
     assert res["command"] in md and sha in md and "pass@2" in md
 
 
-def test_experiment_reshaping_runs_every_regime(tmp_path):
+def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
-            "eval_k=1", "train_problems=6", "paired_tasks=2", "paired_k=1", "paired_start_k=1",
-            "regimes=dense,binary", f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
+            "eval_k=1", "train_problems=60", "paired_tasks=2", "paired_k=1", "paired_pass_k=2",
+            "paired_per_template=0", "methods=[raw_grpo,raw_grpo_dense,reshaped_full,full-focus]",
+            f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "reshaping"] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "reshaping.json").read_text())
-    assert set(res["regimes"]) == {"dense", "binary"} and res["seeds"] == [0]
-    for regime, r in res["regimes"].items():
-        assert set(r["methods"]) == {"raw_grpo", "reshaped_grpo"}
-        assert r["setting"]["feedback"] == regime
-        assert r["methods"]["raw_grpo"]["paired_change"]["over"] == "seeds"
-        assert r["reshaped_minus_raw"]["ci95"] is None  # one seed
-    runs = json.loads((tmp_path / "runs" / "reshaping" / "binary" / "raw_grpo" / "seed0" /
-                       "config.json").read_text())
-    assert runs["feedback"]["mode"] == "binary" and runs["reshape"]["w_precision"] == 0.0
-    last = json.loads(p.stdout.strip().splitlines()[-1])
-    assert "binary/raw_grpo_paired_change" in last
+    assert set(res["methods"]) == {"raw_grpo", "raw_grpo_dense", "reshaped_full", "full-focus"}
+    runs = tmp_path / "runs" / "reshaping"
+
+    def cfg(m):
+        return json.loads((runs / m / "seed0" / "config.json").read_text())
+
+    assert cfg("raw_grpo")["feedback"]["mode"] == "binary" and cfg("raw_grpo_dense")["feedback"]["mode"] == "dense"
+    full, no_focus = cfg("reshaped_full"), cfg("full-focus")
+    assert full["curriculum"] and full["reshape"]["amplify"] == "piecewise" and full["reshape"]["focus_threshold"] > 0
+    assert no_focus["reshape"]["focus_threshold"] == 0 and no_focus["reshape"]["amplify"] == "piecewise"
+    assert full["tasks"]["templates"] == list(load("reshaping").Config().templates)
+    assert set(res["controls"]) >= {"positive", "mde", "sensitive"}
+    assert res["methods"]["raw_grpo"]["zero_std_frac"] is not None
+    assert "dense - binary feedback" in (tmp_path / "reshaping.md").read_text()
+
+
+def test_reshaping_methods_switch_off_one_component_each():
+    reshaping = load("reshaping")
+    full, cur, _ = reshaping.method_config("reshaped_full")
+    assert cur and full.amplify == "piecewise" and full.focus_threshold == 0.5 and full.w_precision > 0
+    for name in reshaping.LEAVE_ONE_OUT:
+        r, c, _ = reshaping.method_config(f"full-{name}")
+        on = {"composite": r.w_precision > 0, "amplify": r.amplify != "none",
+              "focus": r.focus_threshold > 0, "curriculum": c}
+        assert [k for k, v in on.items() if not v] == [name]
+    with pytest.raises(ValueError, match="unknown reshaping method"):
+        reshaping.method_config("full-nothing")
 
 
 def test_training_on_val_templates_is_evaluated_elsewhere_and_on_new_instances():
@@ -341,7 +313,8 @@ def test_training_on_val_templates_is_evaluated_elsewhere_and_on_new_instances()
     and the paired check of the trained templates uses instances no training problem is."""
     from labkit.config import from_dict
     from labkit.env.tasks import load_tasks
-    from labkit.experiments import ExperimentConfig, trained_template_tasks
+    from labkit.experiments.config import ExperimentConfig
+    from labkit.experiments.paired import trained_template_tasks
     from labkit.loops.trainer import TrainConfig
 
     with pytest.raises(ValueError, match="split trained on"):
@@ -361,7 +334,8 @@ def test_held_out_tasks_a_val_reference_solves_are_found():
     passes wholly are named (checked against a plain double loop over the references)."""
     from labkit.env.overlap import compile_reference, passes_all
     from labkit.env.tasks import synthetic_problems
-    from labkit.experiments import ExperimentConfig, leaked_task_ids
+    from labkit.experiments.config import ExperimentConfig
+    from labkit.experiments.paired import leaked_task_ids
     from labkit.experiments.paired import held_out_tasks
 
     exp = ExperimentConfig(train_split="val", train_problems=300, paired_tasks=120)
@@ -381,7 +355,8 @@ def test_leak_check_finds_multi_hunk_held_out_tasks_deep_in_the_stream():
     signature, so it needs no scan of the stream (it raised when it scanned). Agreement with
     a plain double loop is checked on one-bug tasks above."""
     from labkit.env.tasks import synthetic_problems
-    from labkit.experiments import ExperimentConfig, leaked_task_ids
+    from labkit.experiments.config import ExperimentConfig
+    from labkit.experiments.paired import leaked_task_ids
     from labkit.experiments.paired import held_out_tasks
 
     exp = ExperimentConfig(train_split="val", train_problems=50, paired_tasks=150, n_bugs=2,
@@ -394,32 +369,31 @@ def test_leak_check_finds_multi_hunk_held_out_tasks_deep_in_the_stream():
 
 
 def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_path):
-    """Two training seeds on a tiny budget: the results file has the setting, the seeds, and
-    per condition a paired change whose interval is over the seeds; a second run with the
-    same settings reuses both seeds' results instead of training again."""
-    sets = ["seeds=0,1", "train_problems=6", "rollouts_per_task=1", "iterations=1", "eval_tasks=4",
-            "sft_steps=2", "turns=2", "verifier_epochs=1", f"out={tmp_path}",
+    """Two training seeds on a tiny budget: every generator (expert iteration and its controls)
+    has, per condition, a paired change whose interval is over the seeds; the controls are
+    recorded; a second run with the same settings reuses both seeds' results."""
+    sets = ["seeds=[0,1]", "train_problems=6", "rollouts_per_task=1", "iterations=1", "eval_tasks=4",
+            "sft_steps=2", "turns=2", "n_candidates=2", "verifier_epochs=1", f"out={tmp_path}",
             f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "mucode"] + [a for s in sets for a in ("--set", s)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "mucode.json").read_text())
-    assert res["seeds"] == [0, 1] and res["setting"]["train_split"] == "val"
-    assert res["setting"]["eval_tasks"] == 4 and res["setting"]["split"] == "test"
-    for cond, m in res["methods"].items():
-        change = m["paired_change"]
+    assert res["seeds"] == [0, 1] and res["setting"]["eval_tasks"] == 4
+    assert set(res["generators"]) == {"expert_iteration", "ei_filtered", "ei_oracle", "sft_self"}
+    for conds in res["generators"].values():
+        change = conds["single-turn, N=1"]["paired_change"]
         assert change["over"] == "seeds" and change["seeds"] == 2 and change["tasks"] == 4
-        for s in ("0", "1"):
-            start = res["per_seed"][s]["synthetic"]["start"]["conditions"][cond]
-            end = res["per_seed"][s]["synthetic"]["expert_iteration"]["conditions"][cond]
-            assert change["per_seed"][s] == pytest.approx(statistics.fmean(end) - statistics.fmean(start))
-    assert list(res["methods"])[0] == "single-turn, N=1"
-    assert (tmp_path / "mucode.html").exists() and "## Expert iteration, per seed" in (
-        tmp_path / "mucode.md").read_text()
+    assert set(res["controls"]) == {"selection", "relabelling", "multi_turn"}
+    assert "sensitive" in res["controls"]["relabelling"]
+    relabel = {g: json.loads((tmp_path / "runs" / "seed0" / g / "config.json").read_text())["relabel"]
+               for g in res["generators"]}
+    assert relabel == {"expert_iteration": "verifier", "ei_filtered": "verifier_public",
+                       "ei_oracle": "oracle", "sft_self": "self"}
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2
-    assert json.loads((tmp_path / "mucode.json").read_text())["methods"] == res["methods"]
+    assert json.loads((tmp_path / "mucode.json").read_text())["generators"] == res["generators"]
 
 
 def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
@@ -431,17 +405,13 @@ def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
                                  "verifier/bon_random")}
         return {"conditions": conds, "verifier_ranking": {"bt": rank, "bce": rank}}
 
-    names = ["multi-turn, BoN, public_tests", "multi-turn, BoN, random", "multi-turn, BoN, verifier",
-             "multi-turn, BoN, public_then_verifier", "single-turn, BoN, public_then_verifier",
-             "single-turn, BoN, random", "single-turn, BoN, verifier",
-             "single-turn, BoN, verifier (BCE)"]
+    names = ["multi-turn, BoN, public_tests", "multi-turn, BoN, random", "single-turn, BoN, random"]
     start = {c: [0.0, 1.0, 0.0] for c in names}
     ends = {0: [1.0, 1.0, 0.0], 1: [0.0, 1.0, 1.0], 2: [1.0, 0.0, 1.0]}
-    per_seed = {s: {"synthetic": {"start": gen(start),
-                                  "expert_iteration": gen({c: e for c in names})}}
+    per_seed = {s: {"synthetic": {"start": gen(start), "expert_iteration": gen({c: e for c in names})}}
                 for s, e in ends.items()}
     out = summarise(per_seed, ["a", "b", "c"], leaked={"c"})
-    m = out["methods"]["multi-turn, BoN, random"]
+    m = out["generators"]["expert_iteration"]["multi-turn, BoN, random"]
     naive = [statistics.fmean(e[i] - start["multi-turn, BoN, random"][i] for i in range(3))
              for e in ends.values()]
     assert m["paired_change"]["mean"] == pytest.approx(statistics.fmean(naive))
@@ -450,48 +420,8 @@ def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
              for e in ends.values()]
     assert m["paired_clean_change"]["mean"] == pytest.approx(statistics.fmean(clean))
     assert m["paired_clean_change"]["tasks"] == 2
-    # public_tests and random are equal everywhere here: their contrast is exactly 0
     c = out["contrasts"]["expert_iteration"]["BoN: public_tests - random (multi-turn)"]
     assert c["mean"] == 0.0 and c["ci95"] == [0.0, 0.0]
-
-
-def test_ablation_differences_are_paired_by_seed():
-    from labkit.experiments.didpo import ablation_differences, ablation_lines, ablation_name
-
-    def change(per_seed):
-        return {"per_seed": {str(s): v for s, v in per_seed.items()}}
-
-    name = ablation_name("didpo_no_ae", (0, 1, 2))
-    assert name == "didpo_no_ae (seeds 0,1,2)" and ablation_name("x", [3]) == "x (seed 3)"
-    results = {"methods": {
-        "grpo": {"paired_trained_change": change({0: 0.10, 1: 0.08, 2: 0.09, 3: 0.5})},
-        "didpo": {"paired_trained_change": change({0: 0.09, 1: 0.07, 2: 0.10, 3: 0.5})},
-        name: {"paired_trained_change": change({0: 0.04, 1: 0.03, 2: 0.05})}}}
-    d = ablation_differences(results, {"didpo_no_ae": name})
-    g = d["didpo_no_ae"]["grpo"]["paired_trained"]
-    assert g["per_seed"] == pytest.approx({"0": -0.06, "1": -0.05, "2": -0.04})  # seed 3: not shared
-    assert g["mean"] == pytest.approx(-0.05)
-    half = 4.303 * 0.01 / math.sqrt(3)  # t_{2} * sd / sqrt(n)
-    assert g["ci95"] == pytest.approx([-0.05 - half, -0.05 + half]) and g["shown"]
-    assert "paired" not in d["didpo_no_ae"]["grpo"]  # not measured, not invented
-    assert any("didpo_no_ae | didpo |" in line for line in ablation_lines({"ablation_differences": d}))
-
-
-def test_didpo_ablation_seeds_must_be_trained_seeds():
-    from labkit.experiments.didpo import Config, run
-
-    with pytest.raises(ValueError, match="ablation_seeds \\[4\\] are not in seeds"):
-        run(Config(seeds=(0, 1), ablation_seeds=(0, 4)))
-
-
-def test_reshaping_claim_needs_the_claimed_size_not_only_a_shown_gain():
-    from labkit.experiments.reshaping import claim_verdict
-
-    assert claim_verdict({"shown": False, "mean": 0.01, "relative_end": 0.5}).startswith("no difference")
-    assert claim_verdict({"shown": True, "mean": -0.01, "relative_end": -0.05}) == "reshaping is worse here"
-    assert claim_verdict({"shown": True, "mean": 0.06, "relative_end": 0.40}) == "the blog's claim holds here"
-    small = claim_verdict({"shown": True, "mean": 0.006, "relative_end": 0.032})
-    assert "far smaller than the claim" in small and "+3.2%" in small
 
 
 def test_the_experiments_per_test_limit_passes_synthetic_references():
@@ -503,7 +433,7 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
     from labkit.env.records import Candidate
     from labkit.env.sandbox import Sandbox
     from labkit.env.tasks import load_tasks
-    from labkit.experiments import SYNTHETIC_TEST_TIMEOUT_S, ExperimentConfig, base_train_config
+    from labkit.experiments.config import SYNTHETIC_TEST_TIMEOUT_S, ExperimentConfig, base_train_config
 
     cfg = base_train_config(ExperimentConfig(), 0, "runs/x")
     assert cfg.sandbox.test_timeout_s == SYNTHETIC_TEST_TIMEOUT_S < 1.0
@@ -524,7 +454,7 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
 
 
 def test_the_training_sampler_temperature_reaches_the_runs_and_the_report():
-    from labkit.experiments import ExperimentConfig, base_train_config
+    from labkit.experiments.config import ExperimentConfig, base_train_config
 
     assert base_train_config(ExperimentConfig(), 0, "r").sampling.temperature == 1.6
     hot = base_train_config(ExperimentConfig(temperature=1.3), 0, "r")
