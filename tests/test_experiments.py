@@ -459,3 +459,39 @@ def test_the_training_sampler_temperature_reaches_the_runs_and_the_report():
     assert base_train_config(ExperimentConfig(), 0, "r").sampling.temperature == 1.6
     hot = base_train_config(ExperimentConfig(temperature=1.3), 0, "r")
     assert hot.sampling.temperature == 1.3 and hot.eval_temperature == 0.7  # evaluation stays
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def _committed_pages():
+    return sorted(p for p in RESULTS.glob("*.json")
+                  if json.loads(p.read_text()).get("experiment") in ("learning", "reshaping", "didpo",
+                                                                     "credit", "mucode"))
+
+
+def test_every_committed_results_page_is_its_json_rendered_and_rerunnable():
+    """A results page is reproducible from its JSON: the page is what rendering the JSON gives
+    (every number and verdict sentence generated), it prints the command that reruns it, and
+    that command is the one its recorded config gives; it was measured on the shipped model."""
+    import shlex
+
+    from labkit.config import apply_overrides
+    from labkit.experiments import pages
+    from labkit.policy.loading import weights_fingerprint
+
+    found = _committed_pages()
+    assert found, "no results page to check"
+    shipped = weights_fingerprint("tiny")
+    for path in found:
+        data = json.loads(path.read_text())
+        md = path.with_suffix(".md").read_text()
+        assert md == pages.rerender(path), f"{path.name}: the page is not its JSON rendered"
+        assert f"`{data['command']}`" in md, path.name
+        assert data["setting"]["model_sha256"] == shipped, f"{path.name}: not the shipped model"
+        module = load(data["experiment"])
+        args = [a for a in shlex.split(data["command"]) if a != "--set"][5:]
+        rebuilt = apply_overrides(module.Config(), args)
+        recorded = {k: v for k, v in data["config"].items() if k not in ("out", "run_root")}
+        assert {k: v for k, v in json.loads(json.dumps(vars(rebuilt))).items()
+                if k in recorded} == recorded, path.name
