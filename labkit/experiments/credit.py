@@ -183,9 +183,14 @@ def agreement(records: list[dict], label: str, n_boot: int, seed: int) -> dict:
             if records else math.nan}
 
 
+_Z975, _Z80 = 1.959964, 0.841621
+"""Standard normal quantiles 0.975 and 0.80."""
+
+
 def difference_interval(records: list[dict], a: str, b: str, n_boot: int, seed: int) -> dict:
     """``rho(b) - rho(a)`` pooled, with its interval resampling tasks and the smallest
-    difference this many tasks detect: ``(z_0.975 + z_0.80) * SE``, SE the bootstrap's SD."""
+    difference this many tasks detect: ``(z_0.975 + z_0.80) * SE``, SE the SD of the
+    bootstrap draws (normal quantiles: the tasks, not a handful of seeds, are the sample)."""
     def d(rs):
         return (spearman([r["credit"][b] for r in rs], [r["value"] for r in rs])
                 - spearman([r["credit"][a] for r in rs], [r["value"] for r in rs]))
@@ -194,14 +199,11 @@ def difference_interval(records: list[dict], a: str, b: str, n_boot: int, seed: 
     for r in records:
         by.setdefault((r["split"], r["task_id"]), []).append(r)
     clusters = list(by.values())
-    import random
-
-    rng = random.Random(seed)
-    draws = [x for x in (d([r for c in stats.resample(clusters, rng) for r in c]) for _ in range(n_boot))
-             if x == x]
+    draws = stats.bootstrap_draws(lambda rng: d([r for c in stats.resample(clusters, rng) for r in c]),
+                                  n_boot, seed)
     se = statistics.stdev(draws) if len(draws) > 1 else math.nan
     return {"mean": d(records), "ci95": stats.percentile_interval(draws) if draws else [math.nan] * 2,
-            "se": se, "mde": (1.959964 + 0.841621) * se if se == se else None}
+            "se": se, "mde": (_Z975 + _Z80) * se if se == se else None}
 
 
 # ============================================================================= data

@@ -91,14 +91,20 @@ def percentile_interval(values: Sequence[float], level: float = LEVEL) -> list[f
     return [v[int(math.floor(a * n))], v[min(n - 1, int(math.ceil((1 - a) * n)) - 1)]]
 
 
+def bootstrap_draws(draw: Callable[[random.Random], float], n_boot: int = N_BOOT,
+                    seed: int = 0) -> list[float]:
+    """``n_boot`` statistics, each ``draw(rng)`` on one resample that ``draw`` makes with
+    ``rng`` (a ``random.Random(seed)`` shared by all draws, so they are reproducible); draws
+    that return NaN (a statistic undefined on that resample) are left out."""
+    rng = random.Random(seed)
+    return [x for x in (draw(rng) for _ in range(n_boot)) if x == x]
+
+
 def bootstrap(draw: Callable[[random.Random], float], n_boot: int = N_BOOT, seed: int = 0,
               level: float = LEVEL) -> list[float]:
-    """The percentile interval (:func:`percentile_interval`) of ``n_boot`` statistics, each
-    ``draw(rng)`` on one resample that ``draw`` makes with ``rng`` (a ``random.Random(seed)``
-    shared by all draws, so the interval is reproducible). Draws that return NaN (a statistic
-    undefined on that resample) are left out; ``[nan, nan]`` when all are."""
-    rng = random.Random(seed)
-    values = [x for x in (draw(rng) for _ in range(n_boot)) if x == x]
+    """The percentile interval (:func:`percentile_interval`) of :func:`bootstrap_draws`;
+    ``[nan, nan]`` when every draw is undefined."""
+    values = bootstrap_draws(draw, n_boot, seed)
     return percentile_interval(values, level) if values else [math.nan, math.nan]
 
 
