@@ -82,13 +82,27 @@ VIEWS = [CandidateView(1, 3, 0.9), CandidateView(3, 3, -1.0), CandidateView(3, 3
 
 def test_selectors_golden_choices():
     rng = random.Random(0)
-    assert SELECTORS.names() == ["public_tests", "public_then_verifier", "random", "verifier"]
+    assert SELECTORS.names() == ["oracle", "public_tests", "public_then_verifier", "random", "verifier"]
     assert SELECTORS.get("public_tests")(VIEWS, rng) == 1  # first of the two 3/3
     assert SELECTORS.get("verifier")(VIEWS, rng) == 3  # highest score, fails all public tests
     assert SELECTORS.get("public_then_verifier")(VIEWS, rng) == 2  # best score among 3/3
     picks = [SELECTORS.get("random")(VIEWS, random.Random(s)) for s in range(400)]
     assert set(picks) == {0, 1, 2, 3}
     assert all(abs(picks.count(i) / 400 - 0.25) < 0.08 for i in range(4))
+
+
+def test_the_oracle_selector_reads_the_hidden_verdict_and_nothing_else_does():
+    import dataclasses
+
+    views = [dataclasses.replace(v, hidden_ok=ok) for v, ok in zip(VIEWS, (False, False, False, True))]
+    assert SELECTORS.get("oracle")(views, random.Random(0)) == 3  # passes, though 0/3 public
+    none = [dataclasses.replace(v, hidden_ok=False) for v in VIEWS]
+    assert SELECTORS.get("oracle")(none, random.Random(0)) == SELECTORS.get("public_tests")(none, random.Random(0))
+    with pytest.raises(ValueError, match="hidden verdicts"):
+        SELECTORS.get("oracle")(VIEWS, random.Random(0))
+    from labkit.loops.episodes import READS_HIDDEN
+
+    assert READS_HIDDEN == {"oracle"}
 
 
 def test_selectors_ties_and_missing_scores():

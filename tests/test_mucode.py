@@ -154,7 +154,7 @@ def test_mucode_cli_errors(tmp_path, capsys):
 
     assert main(["mucode", "--set", "nonsense=1"]) == 2
     assert "nonsense" in capsys.readouterr().err
-    assert main(["mucode", "--set", "eval_selectors=random,oracle"]) == 2
+    assert main(["mucode", "--set", "eval_selectors=random,psychic"]) == 2
     assert "unknown selectors" in capsys.readouterr().err
     assert main(["mucode", "--config", str(tmp_path / "missing.yaml")]) == 2
     with pytest.raises(SystemExit):

@@ -122,21 +122,20 @@ def _profile_reruns(trainer) -> dict[str, list[dict]]:
 
     rec: dict[str, list[dict]] = {"sample": [], "update": []}
     calls = {"sample": 0, "update": 0}
-    forks_sample, train_update = trainer.forks.sample, trainer._update
+    step_sample, train_update = trainer._sample, trainer._update
 
     def dense_share_of(fn, *args) -> float:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn(*args)
         return dense_share({e.key: e.self_cpu_time_total for e in prof.key_averages()})
 
-    def sample(policy, tasks, cfg):
-        out = forks_sample(policy, tasks, cfg)
+    def sample(tasks, cfg):
+        out = step_sample(tasks, cfg)
         calls["sample"] += 1
         if calls["sample"] > 1:
             t0 = time.perf_counter()
             with intra_op_threads(1):
-                share = dense_share_of(forks_sample, policy, tasks,
-                                       dataclasses.replace(cfg, parallel_chunks=1))
+                share = dense_share_of(step_sample, tasks, dataclasses.replace(cfg, parallel_chunks=1))
             rec["sample"].append({"share": share, "extra_s": time.perf_counter() - t0})
         return out
 
@@ -153,7 +152,7 @@ def _profile_reruns(trainer) -> dict[str, list[dict]]:
             rec["update"].append({"share": share, "extra_s": time.perf_counter() - t0})
         return train_update(*args)
 
-    trainer.forks.sample, trainer._update = sample, update
+    trainer._sample, trainer._update = sample, update
     return rec
 
 
