@@ -3,7 +3,7 @@
 import random
 
 import pytest
-from labkit.env.augment import identifiers, name_words, rename_identifiers
+from labkit.policy.pretrain_data.augment import identifiers, name_words, rename_identifiers
 from labkit.env.feedback import defines_entry_point
 from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
@@ -72,7 +72,7 @@ def test_pretrain_refuses_an_unknown_rename_style_before_building_data(tmp_path)
 
 
 def test_relabelled_tasks_return_fresh_labels_and_stay_valid_by_execution():
-    from labkit.env.augment import relabel_strings, string_labels
+    from labkit.policy.pretrain_data.augment import relabel_strings, string_labels
 
     assert string_labels('def f(n):\n    if n:\n        return "near"\n    return "far"\n') == ["near", "far"]
     assert string_labels('def f(n):\n    return str(n)\n') == []
@@ -99,7 +99,7 @@ def test_relabelled_tasks_return_fresh_labels_and_stay_valid_by_execution():
 
 
 def test_flipped_comparisons_mirror_the_same_ones_in_both_codes_and_stay_valid_by_execution():
-    from labkit.env.augment import flip_comparisons, flippable_comparisons
+    from labkit.policy.pretrain_data.augment import flip_comparisons, flippable_comparisons
 
     code = "def f(xs, k):\n    if k > 14 and 2 <= len(xs) < 9:\n        return xs [0]== k\n    return k != 0\n"
     assert flippable_comparisons(code) == 3  # the chained one is left alone

@@ -1,11 +1,12 @@
-"""Generated programs (labkit.env.generated): every shape comes up and runs, the shape key is
+"""Generated programs (labkit.policy.pretrain_data.generated): every shape comes up and runs, the shape key is
 blind to names and constants but not to structure, no held-out template's shape is ever
 generated, and the repair tasks are valid (reference passes, buggy code fails, in the sandbox)."""
 
 import ast
 import random
 
-from labkit.env import generated, synthetic
+from labkit.env import synthetic
+from labkit.policy.pretrain_data import generated
 from labkit.env.records import Candidate, Status
 from labkit.env.sandbox import run_many
 from labkit.env.tasks import load_tasks

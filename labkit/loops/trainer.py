@@ -19,229 +19,52 @@ launch`` / ``torchrun``) train data-parallel behind one seam (:class:`DataParall
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import os
 import random
-import shutil
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 
-from labkit.config import apply_overrides, from_dict, load_yaml, to_dict
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, needs
+from labkit.config import to_dict
+from labkit.credit.advantages import needs
 from labkit.credit.anchors import anchor_records
-from labkit.credit.losses import POLICY_LOSSES, LossConfig, agg_loss, kl_penalty
+from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.pipeline import Credit, CreditInput, baseline_term
-from labkit.credit.reshaping import CurriculumSampler, ReshapeConfig, check_regime
-from labkit.env.feedback import (BuggyBaselines, FeedbackConfig, ProgressTracker, evaluate_many,
-                                 told_pass)
+from labkit.credit.reshaping import CurriculumSampler
+from labkit.env.feedback import BuggyBaselines, ProgressTracker, evaluate_many, told_pass
 from labkit.env.records import Components, RepairTask
-from labkit.env.sandbox import Sandbox, SandboxConfig
+from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.loops import metrics as M
+from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
+                                      latest_checkpoint)
+from labkit.loops.config import (WATCH_FIELDS, OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
+                                 load_config)
 from labkit.loops.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCreditConfig, ForkStage
 from labkit.loops.hunks import HunkConfig, HunkStage
+from labkit.loops.parallel import DataParallel
 from labkit.loops.records import RolloutRecord
-from labkit.loops.trackers import TrackerConfig, Trackers, report_to_names
 from labkit.loops.stages import Stage, StepContext
+from labkit.loops.trackers import Trackers
 from labkit.policy.evaluate import EvalConfig, evaluate
-from labkit.policy.loading import PolicyConfig, load_policy
+from labkit.policy.loading import load_policy
 from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, sample,
                                    sample_with_cache, select_rows, sequence_logprobs)
 from labkit.seeding import derive_seed, seed_everything
 
-# ============================================================================= config
-
-
-@dataclass
-class TaskConfig:
-    """Which tasks to train and evaluate on."""
-
-    source: str = "synthetic"
-    """``synthetic``, ``humaneval``, ``humanevalpack`` (needs ``path``) or ``records``: a
-    JSONL of ``RepairTask.to_dict()`` records at ``path`` (their ``split`` field is used)."""
-    train_problems: int = 2000
-    """Problems generated for the train split (synthetic) / cap for other sources (0 = all)."""
-    bugs_per_problem: int = 1
-    """Buggy variants per training problem."""
-    n_bugs: int = 1
-    """Bugs planted in each task (train and eval)."""
-    multi_hunk: bool = False
-    """With ``n_bugs >= 2``: only tasks whose bugs are separate, separately tested hunks
-    (``labkit.env.tasks.multi_hunk_catches``), the setting diff-level credit is made for."""
-    templates: tuple[str, ...] = ()
-    """Train only on tasks of these synthetic templates (``task.meta["template"]``, e.g.
-    ``digits/e354b12609``); empty: every template of ``train_split``. A training mix of the
-    templates the starting policy rarely solves makes a sparse-reward testbed."""
-    train_split: str = "train"
-    """Split the policy is trained on: ``train`` (the templates the shipped tiny model's SFT
-    data came from) or ``val`` (templates neither its SFT data nor ``test`` holds: RL on new
-    templates, where the tiny model has room to learn; docs/tasks.md)."""
-    eval_split: str = "val"
-    """Held-out split: ``val`` or ``test`` (templates training never sees) or ``in_template``;
-    never the split trained on."""
-    eval_tasks: int = 64
-    """Held-out tasks evaluated every ``eval_every`` steps (0 = none)."""
-    seed: int | None = None
-    """Seed of the task generator and bug injection; ``None``: the run's seed. Fix it to
-    compare runs of several training seeds on the same tasks (paired)."""
-    path: str | None = None
-    """HumanEvalPack-format JSONL for source ``humanevalpack``."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and its learning-rate schedule."""
-
-    lr: float = 1e-5
-    """Peak learning rate (full fine-tune of the 2M tiny model: 5e-5 moves it in tens of
-    steps; a 7B model with LoRA wants about 1e-6 to 1e-5)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay; 0 keeps the policy near its SFT start only through the KL."""
-    betas: tuple[float, ...] = (0.9, 0.99)
-    """AdamW ``(beta1, beta2)``."""
-    warmup_steps: int = 0
-    """Steps of linear warm-up from ``lr / warmup_steps`` to ``lr``. With 0 and a constant
-    schedule, the first N steps of a run equal an N-step run (experiments reuse that)."""
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    """Learning rate after warm-up: constant, or decayed (cosine / linear) to
-    ``min_lr_ratio * lr`` at ``steps``."""
-    min_lr_ratio: float = 0.1
-    """Floor of the decayed schedules, as a share of ``lr``."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this before each optimiser step (``grad/norm`` logs
-    the norm before clipping)."""
-    fused: bool = True
-    """Torch's fused AdamW kernel (``fused=True``: one kernel over all parameters, on CPU and
-    CUDA). False leaves the choice to torch: a per-parameter loop on CPU, ``foreach`` on CUDA.
-    The same update up to float rounding; fused is cheaper where a step's parameters are many
-    small tensors (the tiny model's optimiser step, 38 tensors). HF's Trainer (so TRL) uses
-    the fused kernel by default too."""
-
-
-@dataclass
-class TrainConfig:
-    """A whole training run (``python -m labkit train --config X.yaml --set k=v``)."""
-
-    run_dir: str = "runs/train"
-    """The run folder: ``config.json``, ``metrics.jsonl``, ``eval.jsonl``, ``rollouts.jsonl``,
-    ``checkpoints/``. A folder holding another run is refused unless resumed or overwritten."""
-    seed: int = 0
-    """Seeds everything random (tasks per step, sampling, forks, noisy feedback), derived per
-    step so a resumed run equals an uninterrupted one."""
-    steps: int = 100
-    """Policy updates in the whole run."""
-    tasks_per_step: int = 8
-    """Distinct tasks per update; each gets ``sampling.group_size`` samples (the GRPO group)."""
-    estimator: str = "grpo"
-    """Advantage estimator by name, one of
-    :data:`labkit.credit.advantages.ADVANTAGE_ESTIMATORS` (docs/reference.md lists each with
-    its equation and what it needs). An estimator that needs forks or hunk values switches on
-    its rollout stage (``fork``, ``hunks``)."""
-    estimator_options: dict = field(default_factory=dict)
-    """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo, {lam: 1.0,
-    normalise: rms, spread: hunk} for didpo_fork."""
-    match_scale: bool = False
-    """Rescale each group's advantages to the RMS GRPO's would have on the same tokens
-    (:func:`labkit.credit.pipeline.match_grpo_rms`): compares estimators at equal step size."""
-    fork: ForkCreditConfig = field(default_factory=ForkCreditConfig)
-    """How forks are made when the estimator needs them (didpo_fork): positions, the
-    baseline policy (EMA or frozen) and whether the KL term targets it. Unused otherwise."""
-    hunks: HunkConfig = field(default_factory=HunkConfig)
-    """How hunk values are measured when the estimator needs them (oracle_hunk). Unused
-    otherwise."""
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    """The model: ``tiny`` or a local Hugging Face folder, LoRA, the KL reference."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """How completions are sampled (group size, temperature, length, engine)."""
-    tasks: TaskConfig = field(default_factory=TaskConfig)
-    """Training and held-out tasks."""
-    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
-    """The reward components and the feedback regime (``feedback.mode``)."""
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    """The sandbox pool the trainer starts for training and evaluation (not used when a
-    ``sandbox`` or ``reward_fn`` is passed in): workers, the check's deadline and the per-test
-    limit (``test_timeout_s``: what a candidate that loops costs a step), resource limits."""
-    reshape: ReshapeConfig = field(default_factory=ReshapeConfig.raw)
-    """Reward reshaping; the default is raw GRPO (reward = the feedback signal only). Named
-    recipes: ``labkit.credit.reshaping.RECIPES``."""
-    loss: LossConfig = field(default_factory=LossConfig)
-    """The policy-gradient objective (clip, aggregation, KL, entropy)."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """The optimiser and learning-rate schedule."""
-    curriculum: bool = False
-    """Sample tasks by bug kind, weighted by learnability (``CurriculumSampler``)."""
-    eval_every: int = 20
-    """Held-out pass@1 every N steps (and at step 0 and the end); 0 = never."""
-    eval_k: int = 4
-    """Samples per held-out task at each evaluation (pass@1 is their mean pass rate)."""
-    eval_temperature: float = 0.7
-    """Sampling temperature of the held-out evaluation (lower than training's: less noise in
-    the reading of what the policy does)."""
-    checkpoint_every: int = 10
-    """Write a checkpoint every N steps (and at the end of every ``train`` call)."""
-    keep_checkpoints: int = 2
-    """Newest checkpoints kept (older ones deleted); two, so a corrupt latest one leaves an
-    intact one to resume from."""
-    log_rollouts: int = 16
-    """Rollout records per step written to rollouts.jsonl (0 = none, -1 = all)."""
-    report_to: list[str] = field(default_factory=lambda: ["none"])
-    """Experiment trackers the run reports to, by TRL's names: ``tensorboard``, ``wandb``,
-    ``mlflow``, ``trackio`` or ``none`` (``--set report_to=tensorboard,trackio``). Each
-    follows the trainer's events (:mod:`labkit.loops.trackers`; the ``trackers`` extra)."""
-    trackers: TrackerConfig = field(default_factory=TrackerConfig)
-    """Where the trackers write and what beyond scalars: project, run name, completion
-    samples, W&B mode, MLflow store."""
-
-    def validate(self) -> None:
-        if self.estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r}; registered: "
-                             f"{ADVANTAGE_ESTIMATORS.names()}")
-        if self.loss.policy_loss not in POLICY_LOSSES:
-            raise ValueError(f"unknown policy_loss {self.loss.policy_loss!r}; registered: "
-                             f"{POLICY_LOSSES.names()}")
-        if self.steps < 0 or self.tasks_per_step < 1 or self.checkpoint_every < 1:
-            raise ValueError("steps >= 0, tasks_per_step >= 1 and checkpoint_every >= 1 are required")
-        if self.loss.horizon is not None and self.loss.horizon < 1:
-            raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
-                             f"got {self.loss.horizon}")
-        check_regime(self.reshape, self.feedback.mode)
-        report_to_names(self.report_to)
-        self.trackers.validate()
-        t = self.tasks
-        if t.train_split not in ("train", "val"):
-            raise ValueError(f"tasks.train_split must be 'train' or 'val', got {t.train_split!r}")
-        if t.eval_split == t.train_split:
-            raise ValueError(f"tasks.eval_split {t.eval_split!r} is the split trained on; evaluate "
-                             f"on another one (e.g. tasks.eval_split=test)")
-
-
-WATCH_FIELDS = ("report_to", "trackers")
-"""``TrainConfig`` fields that say where a run is watched, not what it trains: two configs
-that differ only there train the same run (the experiments reuse and resume across them)."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt; the message names the file."""
-
-
-class RunFolderError(RuntimeError):
-    """The run folder already holds another run; the message says what to do."""
-
-
 # ============================================================================= trainer
 
 
-class Trainer:
-    """Holds the policy, optimiser and running state; :meth:`train` runs the loop."""
+class Trainer(Checkpointing):
+    """Holds the policy, optimiser and running state; :meth:`train` runs the loop
+    (checkpoints: :class:`labkit.loops.checkpoints.Checkpointing`)."""
 
     def __init__(self, cfg: TrainConfig, *, policy=None, train_tasks: Sequence[RepairTask] | None = None,
                  eval_tasks: Sequence[RepairTask] | None = None, sandbox=None, reward_fn=None,
@@ -662,146 +485,7 @@ class Trainer:
             for rec in anchor_records(anchors, step=self.step, task_id=task_id):
                 self.run.append("anchors.jsonl", rec)
 
-    # ------------------------------------------------------------------ checkpoints
-    def _ckpt_dir(self, step: int) -> Path:
-        return self.run.path / "checkpoints" / f"step_{step:06d}"
-
-    def save_checkpoint(self) -> Path:
-        final = self._ckpt_dir(self.step)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        trainable = {n: p.detach().cpu() for n, p in self.policy.model.named_parameters() if p.requires_grad}
-        torch.save(trainable, tmp / "trainable.pt")
-        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
-                   tmp / "optim.pt")
-        state = {"step": self.step, "reshaper": self.credit.state_dict(),
-                 "progress": self.progress.state_dict(),
-                 "curriculum": self.curriculum.state_dict() if self.curriculum else None,
-                 "baselines": self.baselines.state_dict(), "lora": self.policy.is_lora}
-        (tmp / "state.json").write_text(json.dumps(state))
-        for stage in self.stages:
-            stage.save(self.policy, tmp)  # e.g. the fork baseline
-        (tmp / "COMPLETE").write_text("ok\n")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in sorted(self.run.path.glob("checkpoints/step_*"))[:-self.cfg.keep_checkpoints]:
-            if not old.name.endswith(".tmp"):
-                shutil.rmtree(old, ignore_errors=True)
-        self.events.emit("on_checkpoint", trainer=self, step=self.step, path=final)
-        return final
-
-    def resume(self) -> int:
-        """Continue the run in ``run_dir``: from its newest intact checkpoint (a corrupt newer
-        one is skipped, and said so), or from step 0 when it was stopped before its first
-        checkpoint (its partial logs are dropped). Stale ``.tmp`` checkpoint folders are
-        removed. Returns the step training continues from."""
-        for stale in (self.run.path / "checkpoints").glob("*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
-            print(f"{stale}: removed a checkpoint left half-written", flush=True)
-        self._resumed = True
-        done = [p for p in sorted((self.run.path / "checkpoints").glob("step_*"), reverse=True)
-                if p.is_dir()]
-        errors = []
-        for path in done:
-            try:
-                step = self.load_checkpoint(path)
-            except CheckpointError as e:
-                errors.append(str(e))
-                print(f"{e}; trying an older checkpoint", flush=True)
-                continue
-            return step
-        if errors:
-            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'}: "
-                                  + "; ".join(errors))
-        print(f"{self.run.path}: no checkpoint yet; starting from step 0", flush=True)
-        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
-            self.run.truncate_after(name, -1)
-        return 0
-
-    def load_checkpoint(self, path: str | Path | None = None) -> int:
-        """Restore from ``path`` (default: the newest complete checkpoint of the run) and
-        drop log rows written after it. Returns the restored step."""
-        path = Path(path) if path else latest_checkpoint(self.run.path)
-        if path is None:
-            raise CheckpointError(f"no complete checkpoint in {self.run.path / 'checkpoints'}")
-        if not (path / "COMPLETE").exists():
-            raise CheckpointError(f"checkpoint {path} is incomplete (no COMPLETE marker); "
-                                  "it was being written when the run stopped: resume from an older one")
-        try:
-            trainable = torch.load(path / "trainable.pt", weights_only=True)
-            opt_state = torch.load(path / "optim.pt", weights_only=False)
-            state = json.loads((path / "state.json").read_text())
-        except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
-        if state["lora"] != self.policy.is_lora:
-            raise CheckpointError(f"checkpoint {path} was saved with lora={state['lora']}, "
-                                  f"but this policy has lora={self.policy.is_lora}")
-        params = dict(self.policy.model.named_parameters())
-        missing = [n for n in trainable if n not in params]
-        if missing:
-            raise CheckpointError(f"checkpoint {path} does not fit this model: unknown parameters "
-                                  f"{missing[:3]}")
-        with torch.no_grad():
-            for n, v in trainable.items():
-                params[n].copy_(v)
-        self.opt.load_state_dict(opt_state["optimizer"])
-        self.sched.load_state_dict(opt_state["scheduler"])
-        torch.set_rng_state(opt_state["torch_rng"])
-        random.setstate(opt_state["python_rng"])
-        self.credit.load_state_dict(state["reshaper"])
-        self.progress.load_state_dict(state["progress"])
-        if self.curriculum is not None and state["curriculum"]:
-            self.curriculum.load_state_dict(state["curriculum"])
-        if "baselines" not in state:
-            raise CheckpointError(f"checkpoint {path} was written by an older labkit (no buggy-code "
-                                  "baselines); train the run again")
-        self.baselines.load_state_dict(state["baselines"])
-        try:
-            for stage in self.stages:
-                stage.load(self.policy, path)  # e.g. the fork baseline
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{e} (estimator {self.cfg.estimator!r})") from None
-        self.step = int(state["step"])
-        self._resumed = True
-        for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
-            self.run.truncate_after(name, self.step)
-        return self.step
-
-
 # ============================================================================= helpers
-
-
-class DataParallel:
-    """The one seam for several processes (``accelerate launch`` / ``torchrun``): every process
-    samples its own tasks, DDP all-reduces the gradients, process 0 writes the run folder. In
-    one process every method is a no-op and ``model`` is the policy's own model."""
-
-    def __init__(self, policy, opt):
-        self.world, self.rank, self.accel = 1, 0, None
-        self.model, self.opt = policy.model, opt
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from accelerate import Accelerator
-
-            self.accel = Accelerator(cpu=policy.device.type == "cpu")
-            self.world, self.rank = self.accel.num_processes, self.accel.process_index
-            self.model, self.opt = self.accel.prepare(policy.model, opt)
-
-    def global_weight(self, weight: float) -> tuple[float, float]:
-        """The loss aggregate's weight over every process, and the factor that undoes DDP's
-        averaging of the gradients (``world``); ``(weight, 1)`` in one process."""
-        if self.world == 1:
-            return weight, 1.0
-        t = torch.tensor([weight], dtype=torch.float64)
-        torch.distributed.all_reduce(t)
-        return float(t), float(self.world)
-
-    def no_sync(self, model, last: bool):
-        """Skip DDP's gradient all-reduce on every micro-batch but the last."""
-        if self.accel is None or last:
-            return contextlib.nullcontext()
-        return self.accel.no_sync(model)
 
 
 def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
@@ -847,12 +531,6 @@ def _records_tasks(path: str | None, split: str, limit: int) -> list[RepairTask]
     return tasks[:limit] if limit else tasks
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
-            if p.is_dir() and (p / "COMPLETE").exists()]
-    return done[-1] if done else None
-
-
 def _agg_weight(mask: torch.Tensor, mode: str) -> float:
     """How much of an aggregate a (micro-)batch holds: tokens for token-mean, non-empty
     sequences for the seq-mean modes."""
@@ -872,9 +550,3 @@ def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = T
     finally:
         trainer.close()
     return trainer
-
-
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:
-    if path:
-        return load_yaml(TrainConfig, path, list(overrides))
-    return apply_overrides(from_dict(TrainConfig, {}), list(overrides))

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit.config import to_record
-from labkit.env.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
+from labkit.policy.pretrain_data.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
 from labkit.env.balanced import balanced_synthetic
-from labkit.env.generated import generated_tasks, held_out_shapes, shape_key
+from labkit.policy.pretrain_data.generated import generated_tasks, held_out_shapes, shape_key
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
@@ -55,12 +55,12 @@ class PretrainConfig:
     """Synthetic train problems offered as two-bug multi-hunk tasks (about 40% give one)."""
     renamed_copies: int = 3
     """Per synthetic task, this many extra SFT pairs with the function, parameters and
-    locals renamed to random names (``labkit.env.augment.rename_identifiers``): the names
+    locals renamed to random names (``labkit.policy.pretrain_data.augment.rename_identifiers``): the names
     can then only be copied from the buggy code, which teaches copying instead of writing the
     function from its description (3 since variant G: held-out pass@1 0.142 -> 0.197 against
     1 copy, docs/tiny_model.md)."""
     rename_style: str = "compound"
-    """How renamed copies name things (``labkit.env.augment.RENAME_STYLES``): ``compound``
+    """How renamed copies name things (``labkit.policy.pretrain_data.augment.RENAME_STYLES``): ``compound``
     (the shipped model's since variant H: the function two to four snake-case parts, half of
     them real words of the SFT data) or ``short`` (one pseudo-word per name, variant G's).
     Compound names taught the model to copy held-out names of several words, which G often
@@ -68,19 +68,19 @@ class PretrainConfig:
     relabel_strings: bool = False
     """Renamed copies also replace the string labels the function returns (``"same"``,
     ``"near"``) with fresh words, in the prompt, the code and the tests
-    (``labkit.env.augment.relabel_strings``): a template's labels can then only be copied
+    (``labkit.policy.pretrain_data.augment.relabel_strings``): a template's labels can then only be copied
     from the description, never recalled from another template. Off: variant I, built with
     it, still never solved the held-out ``side_of`` template it was meant for and fell from
     held-out pass@1 0.310 to 0.221 (docs/tiny_model.md)."""
     flip_comparisons: float = 0.0
     """Renamed copies also mirror each comparison with this probability (``k > 14`` ->
     ``14 < k``, the same ones in the buggy code and the fix;
-    ``labkit.env.augment.flip_comparisons``): which way a comparison faces can then only be
+    ``labkit.policy.pretrain_data.augment.flip_comparisons``): which way a comparison faces can then only be
     copied from the code shown, a lesson in copying the code's shape, not only its names.
     0 = off (the shipped model). Variant J, built with 0.5, copied the comparison but
     still never solved ``side_of`` and fell to held-out pass@1 0.248 (docs/tiny_model.md)."""
     generated_problems: int = 0
-    """Generated programs (:mod:`labkit.env.generated`: random if-chains, loops and arithmetic
+    """Generated programs (:mod:`labkit.policy.pretrain_data.generated`: random if-chains, loops and arithmetic
     under fresh names, never a held-out template's shape) added to the SFT data, each with
     ``generated_bugs`` validated bugs: shapes no template has, so the code shown is the only
     place a fix can come from. 0 = none (the shipped model). Variant K2 (H continued for

@@ -5,7 +5,7 @@ with constants and names varied. A small model trained on them learns each train
 template's *shape* by heart: shown a held-out template's buggy code it copies the first line,
 then writes the training template it knows best (a ``level_of`` if-chain comes back as
 ``distance_label``'s ``if n == c`` / ``abs(n - c) <= d`` shape, docs/tiny_model.md).
-Renaming (:mod:`labkit.env.augment`) varies the words of a template, never its shape.
+Renaming (:mod:`labkit.policy.pretrain_data.augment`) varies the words of a template, never its shape.
 
 Here the shape itself is drawn: if-chains over one or two integers with any of several
 condition kinds and returned values, loops over a list with or without a filter and with one
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from labkit.env import bugs, synthetic
-from labkit.env.augment import fresh_name
+from labkit.policy.pretrain_data.augment import fresh_name
 from labkit.env.records import Candidate, RepairTask, TestSuite
 from labkit.env.sandbox import run_many
 from labkit.env.tasks import Split, template_split
