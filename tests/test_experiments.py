@@ -23,7 +23,7 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     trains the fork at GRPO's wall time and the scale-matched variants, evaluates, writes the
     page with its controls."""
     sets = ["seeds=0", "steps=2", "tasks_per_step=1", "group_size=2", "eval_every=2", "eval_tasks=2",
-            "eval_k=1", "train_problems=8", "paired_tasks=2", "paired_k=1", "paired_pass_k=2",
+            "eval_k=1", "train_problems=40", "paired_tasks=2", "paired_k=1", "paired_pass_k=2",
             "paired_per_template=0", "cost_rounds=1", "scale_matched=[oracle_hunk]",
             f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "didpo"] + [a for s in sets for a in ("--set", s)]

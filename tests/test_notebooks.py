@@ -263,7 +263,7 @@ def check_04(n):
     assert 0 < n["didpo_token_coverage"] < 1
     assert n["agreement_hunks"] >= 1 and n["forks"] >= 1
     assert set(n["spearman"]) == {"grpo", "didpo", "didpo (A_D only)", "didpo_fork",
-                                  "didpo_fork (A_fork only)", "didpo_group_mean (non-paper)"}
+                                  "didpo_group_mean (non-paper)", "oracle", "shuffled"}
     assert all(v is None or _between(v, -1, 1) for v in n["spearman"].values())
     assert all(v is None or _between(v, 0, 1) for v in n["sign_agreement"].values())
 
@@ -295,7 +295,7 @@ def check_06(n):
     assert n["iterations"] == 1 and 1 <= n["sft_steps"][0] <= 2 and n["evals"] == 0
     assert n["examples"] >= 1 and _between(n["expert_pass_frac"][0], 0, 1)
     assert set(n["verifier"]) == {"bce", "bt"}
-    assert sorted(n["bon_selectors"]) == ["public_tests", "public_then_verifier", "random",
+    assert sorted(n["bon_selectors"]) == ["oracle", "public_tests", "public_then_verifier", "random",
                                           "verifier"]
     assert all(_between(v, 0, 1) for v in n["bon_pass_final"].values())
     # no selector beats the oracle pick among the same turn-1 candidates

@@ -262,7 +262,7 @@ def trained_template_tasks(exp: ExperimentConfig) -> list:
     trained = {t.problem_id for t in load_tasks("synthetic", split=exp.train_split,
                                                 n=exp.train_problems, seed=exp.task_seed, **kinds)}
     want = exp.paired_tasks * (4 if exp.multi_hunk else 1) + len(trained) // 4
-    for _ in range(6 if templates else 3):  # widen the stream while short
+    for _ in range(6):  # widen the stream while short
         fresh = load_tasks("synthetic", split=exp.train_split, n=want,
                            seed=exp.task_seed + 1000, bugs_per_problem=1, **kinds)
         if templates:
@@ -270,7 +270,7 @@ def trained_template_tasks(exp: ExperimentConfig) -> list:
         out = [t for t in fresh if t.problem_id not in trained][: exp.paired_tasks]
         if len(out) >= exp.paired_tasks:
             break
-        want = want * 13 // 10
+        want *= 2
     if len(out) < exp.paired_tasks:
         raise ValueError(f"only {len(out)} new instances of the {exp.train_split!r} templates; "
                          f"lower paired_tasks or train_problems")

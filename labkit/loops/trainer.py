@@ -87,7 +87,12 @@ class Trainer(Checkpointing):
         self.train_tasks = list(train_tasks) if train_tasks is not None else self._load_tasks("train")
         self.eval_tasks = list(eval_tasks) if eval_tasks is not None else self._load_tasks("eval")
         if not self.train_tasks:
-            raise ValueError("no training tasks: check tasks.source / tasks.train_problems")
+            t = cfg.tasks
+            hint = (" (multi-hunk problems yield a task less than half the time: raise "
+                    "tasks.train_problems)" if t.multi_hunk else "")
+            hint += f" (tasks.templates {list(t.templates)} keeps none of them)" if t.templates else ""
+            raise ValueError(f"no training tasks from tasks.source={t.source!r}, "
+                             f"train_problems={t.train_problems}{hint}")
         ids = [t.task_id for t in self.train_tasks]
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
