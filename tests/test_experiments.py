@@ -11,6 +11,7 @@ import pytest
 from pathlib import Path
 
 from labkit.experiments import load
+from labkit.experiments.findings import table as findings_table
 
 
 def test_unknown_experiment_is_named():
@@ -45,6 +46,7 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     assert wall["steps"] == res["wall_steps"] == max(1, int(2 * res["step_costs_s"]["grpo"]
                                                             / res["step_costs_s"]["didpo_fork"]))
     assert set(res["controls"]) >= {"positive", "negative", "mde", "sensitive"}
+    assert "DiDPO minus GRPO on held-out two-bug repairs" in findings_table(tmp_path)
     assert res["methods"]["oracle_hunk"]["abs_adv_per_token"] is not None
     md = (tmp_path / "didpo.md").read_text()
     assert "Could this testbed see the effect?" in md and "measured side by side" in md
@@ -293,6 +295,7 @@ def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     assert set(res["controls"]) >= {"positive", "mde", "sensitive"}
     assert res["methods"]["raw_grpo"]["zero_std_frac"] is not None
     assert "dense - binary feedback" in (tmp_path / "reshaping.md").read_text()
+    assert "Reshaped minus raw GRPO" in findings_table(tmp_path)
 
 
 def test_reshaping_methods_switch_off_one_component_each():
@@ -394,6 +397,7 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2
     assert json.loads((tmp_path / "mucode.json").read_text())["generators"] == res["generators"]
+    assert "expert iteration minus the start policy" in findings_table(tmp_path)
 
 
 def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():

@@ -73,7 +73,7 @@ class ExperimentConfig:
     (:func:`finished_run`, ``prefix``)."""
     tasks_per_step: int = 16
     """16 tasks x 8 samples per update: smaller batches did not generalise to held-out
-    tasks on the tiny model (docs/results/probes)."""
+    tasks on the tiny model (docs/journal/results/probes)."""
     group_size: int = 8
     """G: completions sampled per task and update (``sampling.group_size``, the GRPO group;
     at most 320 new tokens). A larger group leaves fewer all-equal groups (zero

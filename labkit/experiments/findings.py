@@ -1,0 +1,187 @@
+"""What the lab found: one row per committed results JSON, written from its numbers.
+
+``python -m labkit.experiments.findings`` prints the table; ``--write README.md`` replaces the
+block between ``<!-- findings:start -->`` and ``<!-- findings:end -->`` with it (and any other
+generated block, :data:`BLOCKS`: the shipped model's quality table in docs/tiny_model.md) and
+``--check`` fails when a block is not what the records give (the test suite runs the check), so
+the manual never quotes a number no record holds. Each row: the answer in the words of the one
+verdict rule (:func:`labkit.experiments.stats.verdict`: shown when the 95% interval
+over training seeds excludes 0, else not shown with the design's minimum detectable effect),
+the positive control where the experiment has one, and the page; one sentence per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from labkit.experiments import stats
+from labkit.experiments.config import RESULTS
+
+START, END = "<!-- findings:start -->", "<!-- findings:end -->"
+MODEL = RESULTS.parents[1] / "data" / "models" / "tiny" / "manifest.json"
+
+
+def _num(x, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.{digits}f}"
+
+
+def _words(change: Mapping | None) -> str:
+    """``+0.052 [+0.019, +0.085] over 3 seeds, significant over seeds`` (or ``not shown``)."""
+    if not change:
+        return "not measured"
+    verdict = ("significant over seeds" if stats.shown(change) else
+               "one seed, no interval" if change.get("ci95") is None else "not shown")
+    return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))} over {change['seeds']} seeds, {verdict}"
+
+
+def _control(ctl: Mapping | None, what: str) -> str:
+    """The positive control's clause: whether the testbed could have seen the effect."""
+    if not ctl or not ctl.get("positive"):
+        return "no positive control was run"
+    can = "can" if ctl.get("sensitive") else "cannot"
+    return f"{what} {_num(ctl['positive']['mean'])}, so this testbed {can} see such effects"
+
+
+def _learning(r: Mapping) -> str:
+    m = r["methods"].get("grpo", {})
+    return f"GRPO raises pass@1 on held-out templates by {_words(m.get('paired_change'))}."
+
+
+def _paired_claim(subject: str, base: str, claim: str, control: str) -> Callable[[Mapping], str]:
+    def row(r: Mapping) -> str:
+        m = r["methods"]
+        diff = (r.get("controls") or {}).get("claim")
+        if diff is None and base in m and claim in m:
+            diff = stats.difference(m[base]["paired_change"], m[claim]["paired_change"])
+        return f"{subject}: {_words(diff)}; {_control(r.get('controls'), control)}."
+    return row
+
+
+def _credit(r: Mapping) -> str:
+    ctl, est = r["controls"], r["agreement"]["all"]["estimators"]
+    rho = ", ".join(f"{lab} {est[lab]['spearman']:.2f}" for lab in ("oracle", "grpo", "didpo", "didpo_fork")
+                    if est.get(lab) and est[lab].get("spearman") == est[lab].get("spearman"))
+    claim = ctl["claim"]
+    verdict = ("shown" if claim["ci95"][0] > 0 or claim["ci95"][1] < 0 else "not shown")
+    return (f"Rank agreement of hunk credit with the true hunk value: {rho}; DiDPO minus GRPO "
+            f"{_num(claim['mean'], 2)} {stats.interval_text(claim['ci95'], 2)} over tasks, {verdict}.")
+
+
+def _mucode(r: Mapping) -> str:
+    rel, sel = r["controls"]["relabelling"], r["controls"]["selection"]
+    return (f"muCODE's expert iteration minus the start policy: {_words(rel.get('claim'))}; "
+            f"{_control(rel, 'relabelling with correct experts only')}. Learned verifier minus a random "
+            f"pick: {_words(sel.get('claim'))}.")
+
+
+ROWS: dict[str, Callable[[Mapping], str]] = {
+    "learning": _learning,
+    "reshaping": _paired_claim("Reshaped minus raw GRPO under sparse binary feedback", "raw_grpo",
+                               "reshaped_full", "dense feedback beats binary by"),
+    "didpo": _paired_claim("DiDPO minus GRPO on held-out two-bug repairs", "grpo", "didpo",
+                           "exact (oracle) hunk credit beats GRPO by"),
+    "credit": _credit,
+    "mucode": _mucode,
+}
+"""The experiment -> its sentence (:func:`table`)."""
+
+
+def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
+    """Every results JSON of ``results_dir`` an experiment wrote (has ``experiment`` and a row)."""
+    out = []
+    for p in sorted(Path(results_dir).glob("*.json")):
+        data = json.loads(p.read_text())
+        if data.get("experiment") in ROWS:
+            out.append((p, data))
+    return out
+
+
+def table(results_dir: str | Path = RESULTS, link_prefix: str = "docs/results/") -> str:
+    """The markdown table, one row per record, in the order of :data:`ROWS`."""
+    order = list(ROWS)
+    rows = sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
+    lines = ["| what the records say | page |", "|---|---|"]
+    for path, data in rows:
+        page = path.with_suffix(".md").name
+        lines.append(f"| {ROWS[data['experiment']](data)} | [{page}]({link_prefix}{page}) |")
+    if len(lines) == 2:
+        lines.append("| (no results recorded yet) | |")
+    return "\n".join(lines)
+
+
+QUALITY_ROWS = {
+    "synthetic_test_balanced": "held-out `test` templates (at most 12 tasks per template)",
+    "synthetic_test": "held-out `test` templates, as drawn",
+    "synthetic_in_template": "new instances of its SFT templates",
+    "synthetic_multi_hunk_test": "two-bug multi-hunk `test` tasks",
+    "humaneval_test": "bug-injected HumanEval test problems",
+}
+
+
+def model_quality(manifest: str | Path = MODEL) -> str:
+    """The shipped model's quality table, from its ``manifest.json`` (``quality``)."""
+    q = json.loads(Path(manifest).read_text())["quality"]
+    lines = ["| tasks | n | T | pass@1 | pass@8 | greedy | token entropy (nats) | all-equal groups |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, label in QUALITY_ROWS.items():
+        if key in q:
+            r = q[key]
+            lines.append(f"| {label} | {r['tasks']} | {r['temperature']} | {r['pass_at_1']:.3f} | "
+                         f"{r['pass_at_8']:.3f} | {r['greedy_pass_at_1']:.3f} | {r['token_entropy']:.3f} | "
+                         f"{r['zero_var_groups_frac']:.0%} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"findings": table, "model-quality": model_quality}
+"""Generated blocks: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file."""
+
+
+def replace_block(text: str, block: str, name: str = "findings") -> str:
+    """``text`` with block ``name`` replaced by ``block``; a clear error without its markers."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"no {name} block: add a line {start} and a line {end} where the table goes")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
+def regenerate(text: str, results_dir: str | Path = RESULTS) -> str:
+    """``text`` with every generated block it holds written again from the records."""
+    for name, make in BLOCKS.items():
+        if f"<!-- {name}:start -->" in text:
+            text = replace_block(text, make(results_dir) if name == "findings" else make(), name)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m labkit.experiments.findings", description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(RESULTS), help="folder of results JSON")
+    ap.add_argument("--write", metavar="FILE", help="replace FILE's findings block with the table")
+    ap.add_argument("--check", metavar="FILE", help="fail when FILE's findings block is stale")
+    args = ap.parse_args(argv)
+    if args.write:
+        f = Path(args.write)
+        text = f.read_text()
+        if not any(f"<!-- {n}:start -->" in text for n in BLOCKS):
+            replace_block(text, "")  # names the markers to add
+        f.write_text(regenerate(text, args.results))
+    elif args.check:
+        f = Path(args.check)
+        text = f.read_text()
+        if regenerate(text, args.results) != text:
+            print(f"{f}: a generated block is not what the records give; run "
+                  f"python -m labkit.experiments.findings --write {f}", file=sys.stderr)
+            return 1
+    else:
+        print(table(args.results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

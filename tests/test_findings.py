@@ -1,0 +1,42 @@
+"""The README's findings table is generated from the committed results records."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from labkit.experiments import findings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_findings_block_is_what_the_records_give():
+    for page in ("README.md", "docs/tiny_model.md"):
+        assert findings.main(["--check", str(ROOT / page)]) == 0, page
+
+
+def test_every_committed_record_has_a_row_with_its_own_numbers(tmp_path):
+    recs = findings.records()
+    assert recs, "no results record"
+    text = findings.table()
+    for path, data in recs:
+        assert f"[{path.with_suffix('.md').name}]" in text
+    learning = json.loads((ROOT / "docs" / "results" / "learning.json").read_text())
+    change = learning["methods"]["grpo"]["paired_change"]
+    naive = statistics.fmean(statistics.fmean(v) for v in change["per_task"].values())  # recomputed
+    assert f"held-out templates by {naive:+.3f}" in text
+
+
+def test_a_stale_block_fails_the_check_and_write_repairs_it(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{findings.START}\n| old | table |\n{findings.END}\n\nafter\n")
+    assert findings.main(["--check", str(readme)]) == 1
+    assert findings.main(["--write", str(readme)]) == 0
+    assert findings.main(["--check", str(readme)]) == 0
+    assert readme.read_text().endswith("\n\nafter\n") and "| old |" not in readme.read_text()
+
+
+def test_a_file_without_the_markers_is_named():
+    with pytest.raises(ValueError, match="no findings block: add a line <!-- findings:start -->"):
+        findings.replace_block("# no markers\n", "| t |")
