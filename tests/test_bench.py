@@ -39,18 +39,38 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
 
 
 @pytest.mark.slow
-def test_fork_bench_runs_and_reports_its_bound():
+def test_fork_bench_runs_and_reports_its_bound(tmp_path):
+    """... and ``--record`` appends its JSON line, command and machine to a record file, from
+    which the benchmarks table is generated."""
+    from labkit.experiments.findings import benchmarks
+
+    records = tmp_path / "records.jsonl"
     p = subprocess.run([sys.executable, "-m", "labkit.bench", "fork", "--tasks", "2", "--group", "2",
-                        "--max-new-tokens", "12", "--repeats", "1", "--fork-batch", "4"],
+                        "--max-new-tokens", "12", "--repeats", "1", "--fork-batch", "4",
+                        "--record", str(records)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
+    rec = json.loads(records.read_text())
+    assert rec["result"] == out and rec["bench"] == "fork" and rec["machine"]["cores"] >= 1
+    assert rec["command"].endswith("fork --tasks 2 --group 2 --max-new-tokens 12 --repeats 1 --fork-batch 4")
+    row = next(line for line in benchmarks(records).splitlines() if line.startswith("| `fork`"))
+    verdict = "met" if out["wall_ratio"] <= 0.5 else "missed"
+    assert f"`wall_ratio` {out['wall_ratio']} ({verdict})" in row
     # greedy forks: the kept cache (prompt shared, lean decode), the rebuilt one and naive
     # re-encoding continue every fork with the same tokens
     assert out["identical_fraction"] == 1.0 and out["rebuilt_identical_fraction"] == 1.0
     assert out["forks"] > 0 and out["generated_tokens"] > 0
     assert 0 < out["recomputed_positions_ratio"] < 1
     assert 0 < out["decode_bound_ratio"] and out["reuse_decode_s"] > 0
+
+
+def test_record_needs_a_file_and_a_json_line(tmp_path):
+    from labkit.bench.__main__ import main, record
+
+    assert main(["fork", "--record"]) == 2
+    with pytest.raises(ValueError, match="printed no JSON line"):
+        record(tmp_path / "r.jsonl", "fork", [], "a report\nwith no record\n")
 
 
 def test_dense_share_golden():

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_findings_block_is_what_the_records_give():
-    for page in ("README.md", "docs/tiny_model.md"):
+    for page in ("README.md", "docs/tiny_model.md", "docs/benchmarks.md"):
         assert findings.main(["--check", str(ROOT / page)]) == 0, page
 
 
@@ -40,3 +40,19 @@ def test_a_stale_block_fails_the_check_and_write_repairs_it(tmp_path):
 def test_a_file_without_the_markers_is_named():
     with pytest.raises(ValueError, match="no findings block: add a line <!-- findings:start -->"):
         findings.replace_block("# no markers\n", "| t |")
+
+
+def test_the_manual_is_in_the_present_tense():
+    """Outside the journal and the results records, the README and docs/ hold no dates in prose,
+    no work-period labels and no names of model variants tried before the shipped one."""
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    patterns = {"a date": r"\b20\d\d-\d\d-\d\d\b", "a work-period label": r"\b[Ss]essions? \d",
+                "a variant letter": r"\b(?:[Vv]ariants?|model) (?:[A-K]|K2)\b"}
+    found = []
+    for page in pages:
+        prose = re.sub(r"\]\([^)]*\)", "]()", page.read_text())  # link targets are addresses
+        for what, pat in patterns.items():
+            found += [f"{page.name}: {what}: {m.group(0)!r}" for m in re.finditer(pat, prose)]
+    assert not found, "\n".join(found)

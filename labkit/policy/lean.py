@@ -39,7 +39,7 @@ FLAT_BYTES = 4 * 2**20
 :class:`LeanStep` attends in one fused kernel instead of the shared-prefix products. Below it a
 decode step is bound by the number of operations, not by reading keys: at 8 rows of a
 40-token prompt (1.3 MB) the fused kernel takes 36 us per layer against 108 us; at 16 rows of
-250 tokens (7 MB, no prompt shared) 434 against 379 us (docs/benchmarks.md)."""
+250 tokens (7 MB, no prompt shared) 434 against 379 us (docs/journal/benchmarks.md)."""
 
 
 def causal_lm(model):

@@ -85,7 +85,7 @@ class SamplingConfig:
     from the same streams). A decode step of a few dozen rows is too small for two cores to
     share well: the experiments' two 64-row chunks, one per core, took a median 0.80-0.85x the
     time of decoding them one after the other on both, and 0.29x with one core busy elsewhere
-    (docs/benchmarks.md). ``1``: the chunks draw one after another from torch's global
+    (docs/journal/benchmarks.md). ``1``: the chunks draw one after another from torch's global
     generator seeded with ``seed`` (every result recorded before 2026-12-04). ``> 1``: chunk
     ``k`` draws from its own generator, seeded with :func:`chunk_seed`, so the completions do
     not depend on the number of threads or their timing (the same tokens serially or in
@@ -582,7 +582,7 @@ def micro_batches(batch: dict, size: int, by_length: bool = True) -> list[list[i
     so that each micro-batch, narrowed by :func:`select_rows`, pads its rows to a completion
     length close to their own (and shares each prompt once, :func:`sequence_logprobs`).
     On three real steps of the experiments' batch this cut the update's padded token
-    positions by 9-13% (docs/benchmarks.md). Otherwise the rows in batch order. Either way
+    positions by 9-13% (docs/journal/benchmarks.md). Otherwise the rows in batch order. Either way
     every row is in exactly one micro-batch, and the update's aggregate does not depend on
     the order (each micro-batch is weighted by its share of it)."""
     B = batch["completion_mask"].shape[0]
