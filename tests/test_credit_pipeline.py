@@ -61,12 +61,12 @@ def test_the_didpo_adapter_gives_the_trainer_s_token_credit(toy_model_dir, tmp_p
 
     _, records = _one_step(tmp_path, toy_model_dir, "raw", "didpo")
     tok = load_policy(str(toy_model_dir), reference="none").tokenizer
-    n = max(len(r["token_ids"]) for r in records)
+    n = max(len(r["completion_ids"]) for r in records)
     ids = torch.zeros(len(records), n, dtype=torch.long)
     mask = torch.zeros(len(records), n)
     for b, r in enumerate(records):
-        ids[b, :len(r["token_ids"])] = torch.tensor(r["token_ids"])
-        mask[b, :len(r["token_ids"])] = 1
+        ids[b, :len(r["completion_ids"])] = torch.tensor(r["completion_ids"])
+        mask[b, :len(r["completion_ids"])] = 1
     by_id = {t.task_id: t for t in toy_tasks()}
     out, _ = didpo_credit(tok, ids, mask, torch.tensor([r["reward"] for r in records]),
                           [r["task_id"] for r in records], [by_id[r["task_id"]] for r in records])

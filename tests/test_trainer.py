@@ -61,7 +61,7 @@ def test_one_step_moves_probability_towards_better_samples(toy_model_dir, tmp_pa
     assert recs, "toy tasks should give groups with different rewards"
     rolls = [Rollout(task_id=r["task_id"], sample=r["sample"], prompt="",
                      prompt_ids=tr.policy.tokenizer(_prompt(tasks, r["task_id"]), add_special_tokens=False).input_ids,
-                     completion_ids=r["token_ids"], logprobs=r["logprobs"], completion=r["completion"],
+                     completion_ids=r["completion_ids"], logprobs=r["logprobs"], completion=r["completion"],
                      code=r["code"], code_start=0, offsets=[], finished=True) for r in recs]
     batch = collate(rolls, tr.policy.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -278,7 +278,7 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     tr.train(progress=False)
     tr.close()
     recs = [json.loads(line) for line in (tmp_path / estimator / "rollouts.jsonl").read_text().splitlines()]
-    got = [[r["step"], r["task_id"], r["sample"], r["token_ids"], round(r["reward"], 6),
+    got = [[r["step"], r["task_id"], r["sample"], r["completion_ids"], round(r["reward"], 6),
             [round(a, 4) for a in r["advantages"]]] for r in recs]
     want = json.loads(GOLDEN.read_text())[estimator]
     assert [g[:4] for g in got] == [w[:4] for w in want]  # the same tokens
@@ -323,7 +323,7 @@ def test_rollout_record_to_dict_equals_asdict_and_shares_nothing():
     from labkit.loops.records import RolloutRecord
 
     rec = RolloutRecord(step=3, task_id="s/p/bug0", sample=1, buggy_code="x", completion="ab",
-                        code="ab", code_start=0, offsets=[[0, 1], [1, 2]], token_ids=[5, 6],
+                        code="ab", code_start=0, offsets=[[0, 1], [1, 2]], completion_ids=[5, 6],
                         logprobs=[-0.5, -1.25], components={"r_test": 0.5, "r_pass": 0.0},
                         reward=0.25, advantages=[0.1, -0.2], status="failed", buggy_r_test=0.25,
                         tests=[["case_0", True], ["case_1", False]], tests_total=2,
@@ -331,10 +331,12 @@ def test_rollout_record_to_dict_equals_asdict_and_shares_nothing():
     got = rec.to_dict()
     assert got == dataclasses.asdict(rec) and list(got) == [f.name for f in dataclasses.fields(rec)]
     got["offsets"][0][0] = got["tests"][1][1] = 99
-    got["token_ids"].append(7)
+    got["completion_ids"].append(7)
     got["components"]["r_test"] = 1.0
     assert rec.offsets == [[0, 1], [1, 2]] and rec.tests[1] == ["case_1", False]
-    assert rec.token_ids == [5, 6] and rec.components["r_test"] == 0.5
+    assert rec.completion_ids == [5, 6] and rec.components["r_test"] == 0.5
+    old = {("token_ids" if k == "completion_ids" else k): v for k, v in rec.to_dict().items()}
+    assert RolloutRecord.from_dict(old) == rec  # a run folder written before the rename reads
 
 
 def test_the_trainer_runs_its_sandbox_with_the_configured_limits(toy_model_dir, tmp_path):

@@ -37,7 +37,7 @@ def record(sample, components, reward=0.0, adv=0.0, task_id="toy/inc/bug0", step
     offsets = [[m.start(), m.end()] for m in re.finditer(r"\S+\s*", completion)]
     return {"step": step, "task_id": task_id, "sample": sample, "buggy_code": BUGGY,
             "completion": completion, "code": completion, "code_start": 0, "offsets": offsets,
-            "token_ids": list(range(len(offsets))), "logprobs": [-0.5] * len(offsets),
+            "completion_ids": list(range(len(offsets))), "logprobs": [-0.5] * len(offsets),
             "components": components, "reward": reward, "advantages": [adv] * len(offsets),
             "status": "passed" if components["r_pass"] else "failed", "flags": [], **extra}
 

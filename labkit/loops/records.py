@@ -36,8 +36,8 @@ class RolloutRecord:
     """Character offset of ``code`` in ``completion`` (-1 when not a substring)."""
     offsets: list[list[int]]
     """``[start, end)`` characters of each completion token in ``completion``."""
-    token_ids: list[int]
-    """Completion token ids."""
+    completion_ids: list[int]
+    """Completion token ids (:attr:`labkit.policy.rollout.Rollout.completion_ids`)."""
     logprobs: list[float]
     """Sampling log-probabilities of the completion tokens."""
     components: dict[str, float]
@@ -71,7 +71,8 @@ class RolloutRecord:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "record") -> "RolloutRecord":
         """The record of a row; extra keys are ignored, a missing required field is a
-        ``ValueError``."""
+        ``ValueError``. Rows of older run folders name the completion ids ``token_ids``."""
+        d = _current(d)
         names = [f.name for f in fields(cls)]
         missing = [f.name for f in fields(cls) if f.name not in d
                    and f.default is MISSING and f.default_factory is MISSING]
@@ -79,6 +80,13 @@ class RolloutRecord:
             raise ValueError(f"{where}: not a rollout record, missing {missing} (written by an "
                              f"older labkit? train the run again)")
         return cls(**{n: d[n] for n in names if n in d})
+
+
+def _current(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``row`` with the field names of today's record (``token_ids`` -> ``completion_ids``)."""
+    if "token_ids" in row and "completion_ids" not in row:
+        row = {("completion_ids" if k == "token_ids" else k): v for k, v in row.items()}
+    return row
 
 
 def _copied(value: Any) -> Any:
@@ -94,7 +102,7 @@ def read_rollouts(run: RunFolder | str | Path) -> list[dict]:
     """The rollout records of a run folder, each checked against :class:`RolloutRecord`;
     returned as dicts, the form the widgets index (``widgets.records.at_step`` picks a step)."""
     folder = run if isinstance(run, RunFolder) else RunFolder(run)
-    rows = folder.read("rollouts.jsonl")
+    rows = [dict(_current(row)) for row in folder.read("rollouts.jsonl")]
     for i, row in enumerate(rows, 1):
         RolloutRecord.from_dict(row, where=f"{folder.file('rollouts.jsonl')}:{i}")
     return rows

@@ -461,7 +461,7 @@ class Trainer(Checkpointing):
             out.append(RolloutRecord(
                 step=self.step, task_id=r.task_id, sample=r.sample, buggy_code=t.buggy_code,
                 completion=r.completion, code=r.code, code_start=r.code_start,
-                offsets=[list(o) for o in r.offsets], token_ids=r.completion_ids,
+                offsets=[list(o) for o in r.offsets], completion_ids=r.completion_ids,
                 logprobs=r.logprobs, components=f.components.to_dict(),
                 reward=float(credit.rewards[b]),
                 buggy_r_test=baseline_term(baselines[b], self.cfg.reshape),
