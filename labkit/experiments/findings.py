@@ -64,12 +64,14 @@ def _paired_claim(subject: str, base: str, claim: str, control: str) -> Callable
 
 def _credit(r: Mapping) -> str:
     ctl, est = r["controls"], r["agreement"]["all"]["estimators"]
-    rho = ", ".join(f"{lab} {est[lab]['spearman']:.2f}" for lab in ("oracle", "grpo", "didpo", "didpo_fork")
+    names = {"oracle": "oracle", "grpo": "GRPO", "didpo": "DiDPO", "didpo_fork": "fork"}
+    rho = ", ".join(f"{names[lab]} {est[lab]['spearman']:.2f}" for lab in names
                     if est.get(lab) and est[lab].get("spearman") == est[lab].get("spearman"))
     claim = ctl["claim"]
-    verdict = ("shown" if claim["ci95"][0] > 0 or claim["ci95"][1] < 0 else "not shown")
-    return (f"Rank agreement of hunk credit with the true hunk value: {rho}; DiDPO minus GRPO "
-            f"{_num(claim['mean'], 2)} {stats.interval_text(claim['ci95'], 2)} over tasks, {verdict}.")
+    lo, hi = claim["ci95"]
+    verdict = "above GRPO" if lo > 0 else "below GRPO" if hi < 0 else "not shown"
+    return (f"Rank agreement of hunk credit with true hunk values: {rho}; DiDPO minus GRPO "
+            f"{_num(claim['mean'])} {stats.interval_text(claim['ci95'])} over tasks, {verdict}.")
 
 
 def _mucode(r: Mapping) -> str:
