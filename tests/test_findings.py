@@ -16,11 +16,11 @@ def test_readme_findings_block_is_what_the_records_give():
         assert findings.main(["--check", str(ROOT / page)]) == 0, page
 
 
-def test_every_committed_record_has_a_row_with_its_own_numbers(tmp_path):
+def test_every_committed_record_has_a_row_with_its_own_numbers():
     recs = findings.records()
     assert recs, "no results record"
     text = findings.table()
-    for path, data in recs:
+    for path, _ in recs:
         assert f"[{path.with_suffix('.md').name}]" in text
     learning = json.loads((ROOT / "docs" / "results" / "learning.json").read_text())
     change = learning["methods"]["grpo"]["paired_change"]
