@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test chromium libseccomp install verl-extra jupyter bench clean-venv
+.PHONY: lab test test-fast chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,16 @@ lab: libseccomp $(STAMP)
 # Chromium first: a missing browser that cannot be installed stops before the long venv build.
 test: chromium libseccomp $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
+
+# The inner loop: the unit tests of the floors env, policy, credit and loops, without the tests
+# marked slow (end-to-end runs, large property checks) or browser. `make test` runs everything.
+FAST_TESTS := $(addprefix tests/test_,$(addsuffix .py,bugs tasks sandbox sandbox_adversarial \
+	feedback synthetic balanced regime_leaks rollout forking lean plain policy_loading prompts \
+	credit_core anchors reshaping fork_credit credit_pipeline trainer episodes verifier config \
+	stats layering))
+
+test-fast: libseccomp $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser" $(FAST_TESTS)
 
 chromium:
 	.ci/ensure-chromium

@@ -78,6 +78,7 @@ def _random_program(rng) -> str:
     return "\n".join(["def f(x, y):"] + block(1, 2)) + "\n"
 
 
+@pytest.mark.slow
 def test_zhang_shasha_equals_the_zss_package():
     """labkit's list-based Zhang-Shasha against the zss package (the naive second
     implementation) on 300 random program pairs and on whole task programs."""

@@ -64,6 +64,7 @@ def test_bad_fractions_are_explained():
         split_of("x", fractions=(0.5, 0.5))
 
 
+@pytest.mark.slow
 def test_splits_are_disjoint_by_problem_not_by_bug():
     loaded = {s: load_tasks("synthetic", s, n=5, seed=2, bugs_per_problem=2, validate=False,
                             runner=refuse_to_run, cache=False) for s in ("train", "val", "test")}

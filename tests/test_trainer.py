@@ -141,6 +141,7 @@ def test_reading_a_run_folder_creates_nothing(tmp_path):
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted_run(toy_model_dir, tmp_path):
     records = tmp_path / "tasks.jsonl"
     records.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in toy_tasks()))
