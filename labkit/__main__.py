@@ -301,6 +301,21 @@ def cmd_train(args) -> int:
 # ----------------------------------------------------------------------------- runs
 
 
+def cmd_docs(args) -> int:
+    from labkit.experiments import findings
+
+    stale = findings.write_all(check=args.check)
+    for page in stale:
+        print(f"{page.relative_to(findings.ROOT)}: {'stale' if args.check else 'written'}")
+    if args.check and stale:
+        print("run `python -m labkit docs` and commit the pages", file=sys.stderr)
+        return 1
+    rel = [str(p.relative_to(findings.ROOT)) for p in findings.GENERATED_PAGES]
+    _emit({"check": args.check, "pages": rel,
+           "stale" if args.check else "written": [str(p.relative_to(findings.ROOT)) for p in stale]})
+    return 0
+
+
 def cmd_runs(args) -> int:
     from labkit.loops.runs import format_table, runs_table
 
@@ -502,6 +517,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
     ex.set_defaults(func=cmd_experiment)
+
+    dc = sub.add_parser("docs", help="write the generated tables of the README and docs/ (results "
+                                     "findings, benchmarks, model quality, the reference) from "
+                                     "the records and the code")
+    dc.add_argument("--check", action="store_true", help="write nothing; fail when a page is stale")
+    dc.set_defaults(func=cmd_docs)
 
     sub.add_parser("paired", help="start vs final checkpoint of runs on the same held-out tasks "
                                   "(paired; see `python -m labkit paired --help`)")

@@ -56,3 +56,32 @@ def test_the_manual_is_in_the_present_tense():
         for what, pat in patterns.items():
             found += [f"{page.name}: {what}: {m.group(0)!r}" for m in re.finditer(pat, prose)]
     assert not found, "\n".join(found)
+
+
+def test_every_generated_page_is_current():
+    """README, benchmarks, the tiny model's quality and the reference: what `python -m labkit
+    docs` writes from the records and the code."""
+    from labkit.experiments.findings import write_all
+
+    assert write_all(check=True) == []
+
+
+def test_the_reference_lists_every_estimator_and_every_training_field():
+    import dataclasses
+
+    import labkit.credit  # noqa: F401 - registers every estimator
+    from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+    from labkit.loops.config import TrainConfig
+    from labkit.reference import computed_defaults, markdown
+
+    page = markdown()
+    for name in ADVANTAGE_ESTIMATORS:
+        meta = ADVANTAGE_ESTIMATORS.meta(name)
+        assert f"### `{name}`" in page and f"*credit*: {meta['credit']}" in page, name
+    assert "*needs*: hunks; *credit*: token" in page  # oracle_hunk
+    train = page[page.index("### `TrainConfig`"):]
+    for f in dataclasses.fields(TrainConfig):
+        assert f"| `{f.name}` |" in train, f.name
+    from labkit.env.sandbox import SandboxConfig
+
+    assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count

@@ -149,8 +149,8 @@ class LossConfig:
     (:func:`labkit.policy.rollout.sequence_logprobs`): ``lean`` reads each prompt's keys in
     place with a split attention (:mod:`labkit.policy.tail`; CPU Llama-family models, else
     the model's forward); ``model`` runs the model's own forward with the prompt's keys copied
-    to each row. The same function to float rounding; ``lean`` since 2026-12-04 (runs before
-    it used ``model``)."""
+    to each row. The same function to float rounding (the journal's earlier runs used
+    ``model``)."""
     horizon: int | None = None
     """The constant ``T`` that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO). ``None``:
     ``sampling.max_new_tokens``, the same on every step and every data-parallel rank (never

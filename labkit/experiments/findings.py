@@ -186,7 +186,14 @@ def benchmarks(path: str | Path = BENCH_RECORDS) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"findings": table, "model-quality": model_quality, "benchmarks": benchmarks}
+def reference() -> str:
+    from labkit.reference import markdown
+
+    return markdown()
+
+
+BLOCKS = {"findings": table, "model-quality": model_quality, "benchmarks": benchmarks,
+          "reference": reference}
 """Generated blocks: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file."""
 
 
@@ -206,6 +213,26 @@ def regenerate(text: str, results_dir: str | Path = RESULTS) -> str:
         if f"<!-- {name}:start -->" in text:
             text = replace_block(text, make(results_dir) if name == "findings" else make(), name)
     return text
+
+
+ROOT = RESULTS.parents[1]
+GENERATED_PAGES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "tiny_model.md",
+                   ROOT / "docs" / "reference.md"]
+"""The pages holding generated blocks (``python -m labkit docs`` writes them all)."""
+
+
+def write_all(check: bool = False) -> list[Path]:
+    """Regenerate every page of :data:`GENERATED_PAGES`; returns the pages that changed (with
+    ``check``: that would change, and nothing is written)."""
+    changed = []
+    for page in GENERATED_PAGES:
+        text = page.read_text()
+        new = regenerate(text)
+        if new != text:
+            changed.append(page)
+            if not check:
+                page.write_text(new)
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,7 @@ class EvalConfig:
     parallel_chunks: int = 1
     """Sampling batches decoded at once on CPU threads, each from its own random stream
     (:attr:`~labkit.policy.rollout.SamplingConfig.parallel_chunks`; ``1``: one after another
-    from one stream, as every evaluation recorded before 2026-12-04)."""
+    from one stream, as the journal's earlier evaluations)."""
     seed: int = 1234
     """Sampling seed: fix it to evaluate different checkpoints on the same random numbers (a
     paired comparison)."""

@@ -57,35 +57,35 @@ class PretrainConfig:
     """Per synthetic task, this many extra SFT pairs with the function, parameters and
     locals renamed to random names (``labkit.policy.pretrain_data.augment.rename_identifiers``): the names
     can then only be copied from the buggy code, which teaches copying instead of writing the
-    function from its description (3 since variant G: held-out pass@1 0.142 -> 0.197 against
-    1 copy, docs/tiny_model.md)."""
+    function from its description (three copies copy better than one: the journal's
+    docs/journal/tiny_model.md)."""
     rename_style: str = "compound"
     """How renamed copies name things (``labkit.policy.pretrain_data.augment.RENAME_STYLES``): ``compound``
-    (the shipped model's since variant H: the function two to four snake-case parts, half of
-    them real words of the SFT data) or ``short`` (one pseudo-word per name, variant G's).
-    Compound names taught the model to copy held-out names of several words, which G often
-    garbled: names kept 0.554 -> 0.948, held-out pass@1 0.197 -> 0.310 (docs/tiny_model.md)."""
+    (the shipped model's: the function two to four snake-case parts, half of them real words
+    of the SFT data) or ``short`` (one pseudo-word per name). Compound names teach the model
+    to copy held-out names of several words, which short ones leave it garbling
+    (docs/journal/tiny_model.md)."""
     relabel_strings: bool = False
     """Renamed copies also replace the string labels the function returns (``"same"``,
     ``"near"``) with fresh words, in the prompt, the code and the tests
     (``labkit.policy.pretrain_data.augment.relabel_strings``): a template's labels can then only be copied
-    from the description, never recalled from another template. Off: variant I, built with
-    it, still never solved the held-out ``side_of`` template it was meant for and fell from
-    held-out pass@1 0.310 to 0.221 (docs/tiny_model.md)."""
+    from the description, never recalled from another template. Off in the shipped model: a
+    model built with it still never solved the held-out ``side_of`` template it was meant for
+    and was weaker held-out (docs/journal/tiny_model.md)."""
     flip_comparisons: float = 0.0
     """Renamed copies also mirror each comparison with this probability (``k > 14`` ->
     ``14 < k``, the same ones in the buggy code and the fix;
     ``labkit.policy.pretrain_data.augment.flip_comparisons``): which way a comparison faces can then only be
     copied from the code shown, a lesson in copying the code's shape, not only its names.
-    0 = off (the shipped model). Variant J, built with 0.5, copied the comparison but
-    still never solved ``side_of`` and fell to held-out pass@1 0.248 (docs/tiny_model.md)."""
+    0 = off (the shipped model). A model built with 0.5 copied the comparison but still never
+    solved ``side_of`` and was weaker held-out (docs/journal/tiny_model.md)."""
     generated_problems: int = 0
     """Generated programs (:mod:`labkit.policy.pretrain_data.generated`: random if-chains, loops and arithmetic
     under fresh names, never a held-out template's shape) added to the SFT data, each with
     ``generated_bugs`` validated bugs: shapes no template has, so the code shown is the only
-    place a fix can come from. 0 = none (the shipped model). Variant K2 (H continued for
-    1,500 steps with 6,000 problems, ``init_from``) copies a held-out if-chain's shape but not
-    its string labels: held-out pass@1 0.322 against H's 0.310 (docs/tiny_model.md)."""
+    place a fix can come from. 0 = none (the shipped model). A model continued with
+    them (``init_from``) copied a held-out if-chain's shape but not its string labels
+    (docs/journal/tiny_model.md)."""
     generated_bugs: int = 3
     """Validated bugs per generated problem (each one SFT pair)."""
     init_from: str = ""

@@ -86,7 +86,7 @@ class SamplingConfig:
     share well: the experiments' two 64-row chunks, one per core, took a median 0.80-0.85x the
     time of decoding them one after the other on both, and 0.29x with one core busy elsewhere
     (docs/journal/benchmarks.md). ``1``: the chunks draw one after another from torch's global
-    generator seeded with ``seed`` (every result recorded before 2026-12-04). ``> 1``: chunk
+    generator seeded with ``seed`` (the journal's earlier records). ``> 1``: chunk
     ``k`` draws from its own generator, seeded with :func:`chunk_seed`, so the completions do
     not depend on the number of threads or their timing (the same tokens serially or in
     parallel, at the same intra-op thread count); past the first chunk they differ from a
