@@ -3,7 +3,7 @@
 ``--record FILE`` also appends the benchmark's JSON line to ``FILE`` (JSON lines), with the
 command, the UTC time and the machine it ran on (cores, load average, torch threads): the
 record docs/benchmarks.md's table is generated from (``docs/benchmarks/records.jsonl``;
-``python -m labkit.experiments.findings --write docs/benchmarks.md``).
+``python -m labkit docs``).
 """
 
 from __future__ import annotations
