@@ -21,6 +21,12 @@ import inspect
 import textwrap
 from collections.abc import Iterator
 
+import labkit.credit  # noqa: F401 - registers every estimator
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+from labkit.credit.losses import POLICY_LOSSES
+from labkit.credit.reshaping import RECIPES, ReshapeConfig
+from labkit.env.feedback import FEEDBACK_MODES, r_feedback
+
 CONFIGS = [
     "labkit.loops.config:TrainConfig",
     "labkit.policy.evaluate:EvalConfig",
@@ -142,10 +148,6 @@ def configs() -> list[str]:
 
 
 def estimators() -> list[str]:
-    import labkit.credit  # noqa: F401 - registers every estimator
-    from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
-    from labkit.credit.losses import POLICY_LOSSES
-
     out = ["## Advantage estimators", "",
            "`TrainConfig.estimator` names one. *needs*: what the estimator reads besides the "
            "rewards (the trainer's rollout stages measure `forks` and `hunks` only when an "
@@ -165,9 +167,6 @@ def estimators() -> list[str]:
 
 
 def recipes_and_regimes() -> list[str]:
-    from labkit.credit.reshaping import RECIPES, ReshapeConfig
-    from labkit.env.feedback import FEEDBACK_MODES, r_feedback
-
     base = ReshapeConfig()
     out = ["## Reshaping recipes", "",
            "`labkit.credit.reshaping.RECIPES`: named `ReshapeConfig`s; each row lists the fields "

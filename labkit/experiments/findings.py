@@ -21,6 +21,7 @@ from pathlib import Path
 
 from labkit.experiments import stats
 from labkit.experiments.config import RESULTS
+from labkit.reference import markdown as reference_markdown
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 MODEL = RESULTS.parents[1] / "data" / "models" / "tiny" / "manifest.json"
@@ -34,7 +35,7 @@ def _words(change: Mapping | None) -> str:
     """``+0.052 [+0.019, +0.085] over 3 seeds, significant over seeds`` (or ``not shown``)."""
     if not change:
         return "not measured"
-    verdict = ("significant over seeds" if stats.shown(change) else
+    verdict = (f"significant over seeds ({'up' if change['mean'] > 0 else 'down'})" if stats.shown(change) else
                "one seed, no interval" if change.get("ci95") is None else "not shown")
     return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))} over {change['seeds']} seeds, {verdict}"
 
@@ -44,7 +45,7 @@ def _control(ctl: Mapping | None, what: str) -> str:
     if not ctl or not ctl.get("positive"):
         return "no positive control was run"
     can = "can" if ctl.get("sensitive") else "cannot"
-    return f"{what} {_num(ctl['positive']['mean'])}, so this testbed {can} see such effects"
+    return f"positive control ({what}) {_num(ctl['positive']['mean'])}, so this testbed {can} see such effects"
 
 
 def _learning(r: Mapping) -> str:
@@ -77,16 +78,16 @@ def _credit(r: Mapping) -> str:
 def _mucode(r: Mapping) -> str:
     rel, sel = r["controls"]["relabelling"], r["controls"]["selection"]
     return (f"muCODE's expert iteration minus the start policy: {_words(rel.get('claim'))}; "
-            f"{_control(rel, 'relabelling with correct experts only')}. Learned verifier minus a random "
+            f"{_control(rel, 'correct experts only minus start')}. Learned verifier minus a random "
             f"pick: {_words(sel.get('claim'))}.")
 
 
 ROWS: dict[str, Callable[[Mapping], str]] = {
     "learning": _learning,
     "reshaping": _paired_claim("Reshaped minus raw GRPO under sparse binary feedback", "raw_grpo",
-                               "reshaped_full", "dense feedback beats binary by"),
+                               "reshaped_full", "dense minus binary feedback"),
     "didpo": _paired_claim("DiDPO minus GRPO on held-out two-bug repairs", "grpo", "didpo",
-                           "exact (oracle) hunk credit beats GRPO by"),
+                           "oracle hunk credit minus GRPO"),
     "credit": _credit,
     "mucode": _mucode,
 }
@@ -187,9 +188,7 @@ def benchmarks(path: str | Path = BENCH_RECORDS) -> str:
 
 
 def reference() -> str:
-    from labkit.reference import markdown
-
-    return markdown()
+    return reference_markdown()
 
 
 BLOCKS = {"findings": table, "model-quality": model_quality, "benchmarks": benchmarks,
