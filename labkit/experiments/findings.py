@@ -191,9 +191,14 @@ def reference() -> str:
     return reference_markdown()
 
 
-BLOCKS = {"findings": table, "model-quality": model_quality, "benchmarks": benchmarks,
-          "reference": reference}
-"""Generated blocks: ``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file."""
+BLOCKS: dict[str, Callable[[str | Path], str]] = {
+    "findings": table,
+    "model-quality": lambda results_dir: model_quality(),
+    "benchmarks": lambda results_dir: benchmarks(),
+    "reference": lambda results_dir: reference(),
+}
+"""Generated blocks (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file): name
+-> the function of the results folder that writes it."""
 
 
 def replace_block(text: str, block: str, name: str = "findings") -> str:
@@ -210,7 +215,7 @@ def regenerate(text: str, results_dir: str | Path = RESULTS) -> str:
     """``text`` with every generated block it holds written again from the records."""
     for name, make in BLOCKS.items():
         if f"<!-- {name}:start -->" in text:
-            text = replace_block(text, make(results_dir) if name == "findings" else make(), name)
+            text = replace_block(text, make(results_dir), name)
     return text
 
 
@@ -220,13 +225,14 @@ GENERATED_PAGES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "
 """The pages holding generated blocks (``python -m labkit docs`` writes them all)."""
 
 
-def write_all(check: bool = False) -> list[Path]:
-    """Regenerate every page of :data:`GENERATED_PAGES`; returns the pages that changed (with
-    ``check``: that would change, and nothing is written)."""
+def write_all(check: bool = False, pages: list[Path] | None = None,
+              results_dir: str | Path = RESULTS) -> list[Path]:
+    """Regenerate every page of ``pages`` (default :data:`GENERATED_PAGES`); returns the pages
+    that changed (with ``check``: that would change, and nothing is written)."""
     changed = []
-    for page in GENERATED_PAGES:
+    for page in pages or GENERATED_PAGES:
         text = page.read_text()
-        new = regenerate(text)
+        new = regenerate(text, results_dir)
         if new != text:
             changed.append(page)
             if not check:
@@ -240,21 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", metavar="FILE", help="replace FILE's findings block with the table")
     ap.add_argument("--check", metavar="FILE", help="fail when FILE's findings block is stale")
     args = ap.parse_args(argv)
-    if args.write:
-        f = Path(args.write)
-        text = f.read_text()
-        if not any(f"<!-- {n}:start -->" in text for n in BLOCKS):
-            replace_block(text, "")  # names the markers to add
-        f.write_text(regenerate(text, args.results))
-    elif args.check:
-        f = Path(args.check)
-        text = f.read_text()
-        if regenerate(text, args.results) != text:
-            print(f"{f}: a generated block is not what the records give; run "
-                  f"python -m labkit.experiments.findings --write {f}", file=sys.stderr)
-            return 1
-    else:
+    if not (args.write or args.check):
         print(table(args.results))
+        return 0
+    f = Path(args.write or args.check)
+    if not any(f"<!-- {name}:start -->" in f.read_text() for name in BLOCKS):
+        print(f"{f}: no generated block; add a line <!-- findings:start --> and a line "
+              f"<!-- findings:end --> where the table goes", file=sys.stderr)
+        return 2
+    if write_all(check=bool(args.check), pages=[f], results_dir=args.results) and args.check:
+        print(f"{f}: a generated block is not what the records give; run "
+              f"python -m labkit docs", file=sys.stderr)
+        return 1
     return 0
 
 
