@@ -66,6 +66,10 @@ class ExperimentConfig:
     pass@1 (a policy that only sharpens raises pass@1 and lowers pass@k). 0 = off."""
     paired_eval_seed: int = 4321
     """Base of the evaluation sampling seeds (one derived per training seed)."""
+    paired_trained: bool = True
+    """With ``train_split`` ``val``: also evaluate start and end on ``paired_tasks`` new
+    instances of the trained templates (``paired_trained``). Building that list runs the bug
+    injection on a fresh stream of problems (minutes for two-bug tasks); ``False`` skips it."""
     steps: int = 40
     """Policy updates per run (``TrainConfig.steps``); a checkpoint every
     ``max(1, steps // 3)``. The learning rate is constant without warm-up, which lets an

@@ -216,8 +216,9 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
         clean = [i for i, t in enumerate(tasks) if t.task_id not in leaked]
         _changes(results, methods, pe, "paired_clean", keep=clean)
         results["paired_clean"]["dropped_solved_by_trained_reference"] = len(tasks) - len(clean)
-        trained = trained_template_tasks(exp)
-        _changes(results, methods, paired_eval(runs, trained, proto, cache), "paired_trained")
+        if exp.paired_trained:
+            trained = trained_template_tasks(exp)
+            _changes(results, methods, paired_eval(runs, trained, proto, cache), "paired_trained")
     results["paired"]["protocol"] = pe["protocol"]
     return pe
 
