@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-fast chromium libseccomp install verl-extra jupyter bench clean-venv
+.PHONY: lab test test-record test-fast chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ lab: libseccomp $(STAMP)
 # Chromium first: a missing browser that cannot be installed stops before the long venv build.
 test: chromium libseccomp $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q
+
+# `make test` that also appends its durations (install included) to the committed record
+# docs/benchmarks/tests.jsonl, read by docs/benchmarks.md's generated table.
+test-record:
+	t0=$$(date +%s); $(MAKE) chromium libseccomp $(STAMP) $(VERL_STAMP) && \
+	LABKIT_INSTALL_SECONDS=$$(( $$(date +%s) - t0 )) LABKIT_TEST_RECORD=docs/benchmarks/tests.jsonl \
+		$(PY) -m pytest -q
 
 # The inner loop: the unit tests of the floors env, policy, credit and loops, without the tests
 # marked slow (end-to-end runs, large property checks) or browser. `make test` runs everything.

@@ -403,7 +403,7 @@ def cmd_lab(args) -> int:
     print(f"labkit lab: running the notebooks{' (smoke budget)' if args.smoke else ''} "
           "with papermill (kernel python3, --cwd notebooks)")
     try:
-        summary = run_lab(out=args.out, smoke=args.smoke, only=only or None)
+        summary = run_lab(out=args.out, smoke=args.smoke, only=only or None, record_to=args.record)
     except LabError as e:
         raise CLIError(str(e)) from None
     out = Path(summary["out"])
@@ -533,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--only", action="append", metavar="NN[,NN]",
                      help="run only these notebooks, by number or name, e.g. --only 00,02")
     lab.add_argument("--out", help="output folder (default runs/lab-<UTC timestamp>)")
+    lab.add_argument("--record", metavar="FILE",
+                     help="append the notebooks' times and the machine's facts to FILE (JSON lines; "
+                          "docs/benchmarks/lab.jsonl feeds the README's minutes)")
     lab.set_defaults(func=cmd_lab)
     return p
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from labkit.machine import append_record
 from labkit.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -129,9 +130,11 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
 
 
 def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[str] | None = None,
-            report: bool = True, log_output: bool = False) -> dict:
+            report: bool = True, log_output: bool = False, record_to: str | Path | None = None) -> dict:
     """Run the sequence (or ``only`` some notebooks) into ``out`` (default
-    ``runs/lab-<UTC timestamp>``), write ``lab.json`` and ``report.html``; returns the summary."""
+    ``runs/lab-<UTC timestamp>``), write ``lab.json`` and ``report.html``; returns the summary.
+    ``record_to``: also append the notebooks' times, with the machine's facts, as one JSON line
+    to that file (``docs/benchmarks/lab.jsonl``: the README's minutes come from it)."""
     paths = notebooks(only)
     if out is None:
         out = REPO_ROOT / "runs" / time.strftime("lab-%Y%m%d-%H%M%S", time.gmtime())
@@ -155,6 +158,13 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
         summary["report_bytes"] = page.stat().st_size
         (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"  report: {page} ({page.stat().st_size / 1e6:.1f} MB)", flush=True)
+    if record_to:
+        append_record(record_to, {
+            "kind": "lab", "command": "python -m labkit lab" + (" --smoke" if smoke else ""),
+            "smoke": smoke, "seconds": summary["seconds"], "cpu_seconds": summary["cpu_seconds"],
+            "failed": summary["failed"],
+            "notebooks": {r["notebook"]: {"status": r["status"], "seconds": r["seconds"],
+                                          "cpu_seconds": r["cpu_seconds"]} for r in rows}})
     return summary
 
 

@@ -11,6 +11,9 @@
   selectors), drawn statically;
 * **Key numbers**: a short table with readable names, units and rounding
   (:data:`KEY_NUMBERS`); every number stays in ``<notebook>.json`` next to the report;
+* **What the experiments found**: the multi-seed results committed in ``docs/results``, the
+  same sentences as the README's findings table (:func:`labkit.experiments.findings.rows`):
+  a notebook shows one short run, these pages answer its question at scale;
 * **Contents**: each notebook's status, wall time and section headings, linked.
 """
 
@@ -22,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from labkit.experiments.findings import rows as findings_rows
 from labkit.registry import Registry
 
 FRONT_TAG = "front-page"
@@ -236,8 +240,12 @@ def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
 
 
 def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
-               figures: Callable[[Path], list[str]] = front_figures) -> str:
-    """The front page's HTML (see the module docstring)."""
+               figures: Callable[[Path], list[str]] = front_figures,
+               results: Sequence[tuple[str, str]] | None = None) -> str:
+    """The front page's HTML (see the module docstring); ``results`` defaults to
+    :func:`labkit.experiments.findings.rows` of the repository's records."""
+    if results is None:
+        results = findings_rows()
     found = ["<section class='front'><h2>What this run found</h2><dl>"]
     for r in rows:
         name = r["notebook"]
@@ -255,5 +263,17 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
                   "</figcaption></figure>" for n, f in figs]
     found.append("<h2>Key numbers</h2>" + key_numbers_html(rows)
                  + "<p>Every number a notebook recorded is in its JSON file next to this report "
-                   "(<a href='lab.json'>lab.json</a> lists them).</p></section>")
+                   "(<a href='lab.json'>lab.json</a> lists them).</p>")
+    found.append(experiments_html(results) + "</section>")
     return contents_html(rows, bodies) + "\n".join(found)
+
+
+def experiments_html(results: Sequence[tuple[str, str]]) -> str:
+    """The committed multi-seed findings (``(sentence, page)`` rows), as the README lists them."""
+    if not results:
+        return "<h2>What the experiments found</h2><p>No results are recorded in docs/results.</p>"
+    items = "".join(f"<li>{html.escape(said)} <code>docs/results/{html.escape(page)}</code></li>"
+                    for said, page in results)
+    return ("<h2>What the experiments found</h2><p>Several training seeds per method, paired "
+            "on held-out tasks; the repository's <code>docs/results</code> pages (the same "
+            f"rows as its README):</p><ul class='experiments'>{items}</ul>")

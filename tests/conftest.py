@@ -1,4 +1,6 @@
 import os
+import time
+from collections import Counter
 
 import pytest
 
@@ -91,3 +93,40 @@ def lean_attention(request, monkeypatch):
     monkeypatch.setattr(lean.LeanStep, "__init__", spy)
     yield request.param
     assert built and all(f == flat for f in built), (request.param, built)
+
+
+# ------------------------------------------------------------------ the suite's own record
+# LABKIT_TEST_RECORD=FILE (``make test-record``) appends one JSON line when the run ends: wall
+# seconds, outcomes, the 15 slowest tests (setup + call + teardown) and whether the task cache
+# was empty at the start (a fresh machine builds every task list once). docs/benchmarks.md's
+# test-suite table is generated from docs/benchmarks/tests.jsonl.
+_DURATIONS: dict[str, float] = {}
+_OUTCOMES: Counter = Counter()
+_STARTED: dict = {}
+
+
+def pytest_sessionstart(session):
+    from labkit.env.tasks import cache_dir
+
+    _STARTED.update(t0=time.time(), fresh=not any(cache_dir().glob("*.jsonl")))
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" or report.outcome != "passed":
+        _OUTCOMES[report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("LABKIT_TEST_RECORD")
+    if not path or not _STARTED:
+        return
+    from labkit.machine import append_record
+
+    slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:15]
+    append_record(path, {
+        "kind": "tests", "command": "pytest " + " ".join(session.config.invocation_params.args),
+        "seconds": round(time.time() - _STARTED["t0"], 1), "fresh_task_cache": _STARTED["fresh"],
+        "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
+        "exit_status": int(exitstatus), "outcomes": dict(_OUTCOMES),
+        "slowest": [{"test": k, "seconds": round(v, 1)} for k, v in slowest]})

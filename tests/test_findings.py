@@ -85,3 +85,41 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     from labkit.env.sandbox import SandboxConfig
 
     assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count
+
+
+def test_every_finding_is_one_short_sentence():
+    """Each row of the README's table: at most ``MAX_WORDS`` words, for every committed record
+    and for a didpo and a mucode record at their longest (every interval, both controls)."""
+    said = [s for s, _ in findings.rows()]
+    change = {"mean": -0.0123, "ci95": [-0.0456, -0.0011], "seeds": 3, "mde": 0.02}
+    ctl = {"positive": change, "sensitive": False, "claim": change}
+    said.append(findings.ROWS["didpo"]({"methods": {}, "controls": ctl}))
+    said.append(findings.ROWS["mucode"]({"controls": {"relabelling": ctl, "selection": ctl}}))
+    for s in said:
+        assert len(s.split()) <= findings.MAX_WORDS, (len(s.split()), s)
+
+
+def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records(tmp_path):
+    """The README's learner's path reads the last full-budget lab record that ran every
+    notebook (smoke runs and failed runs are not read); the suite's table the last fresh and
+    warm runs."""
+    from labkit.machine import append_record
+
+    lab_file, tests_file = tmp_path / "lab.jsonl", tmp_path / "tests.jsonl"
+    every = {name: {"status": "ok", "seconds": 30.0, "cpu_seconds": 50.0} for name in findings.GUIDE}
+    append_record(lab_file, {"kind": "lab", "smoke": False, "failed": [], "seconds": 999.0,
+                             "notebooks": {**every, "05_training": {"status": "ok", "seconds": 600.0}}})
+    append_record(lab_file, {"kind": "lab", "smoke": True, "failed": [], "seconds": 5.0, "notebooks": every})
+    append_record(lab_file, {"kind": "lab", "smoke": False, "failed": ["06_mucode"], "seconds": 7.0,
+                             "notebooks": every})
+    append_record(tests_file, {"kind": "tests", "command": "pytest", "seconds": 540.0,
+                               "fresh_task_cache": True, "install_seconds": 120.0, "exit_status": 0,
+                               "outcomes": {"passed": 3}, "slowest": [{"test": "t::a", "seconds": 90.0}]})
+    text = findings.notebooks(lab_file, tests_file)
+    assert "| `05_training` | 10 |" in text and "| `00_tour` | <1 |" in text
+    assert "`make lab` took 17 minutes" in text
+    assert "`make test` 11 minutes on a fresh machine, 2 of them installing" in text
+    assert "warm" not in text.split("Measured:")[1]  # no warm record: nothing said about it
+    table = findings.test_durations(tests_file)
+    assert "**warm task cache**: not recorded." in table and "| `t::a` | 90 |" in table
+    assert "540 s + 120 s installing (3 passed;" in table

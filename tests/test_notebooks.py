@@ -18,6 +18,7 @@ clear_outputs()"``.
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -157,6 +158,12 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     assert "front-curve" in front  # the tagged cell's figure is on the front page
     assert "<a href='#Training-three-ways'>Training three ways</a>" in front  # contents
     assert "TrainingDashboard(children" not in page and "labkit-static" in page
+    # the committed multi-seed results: the README's findings rows, sentence for sentence
+    from labkit.experiments.findings import rows
+
+    assert rows(), "docs/results holds no experiment record"
+    for said, name in rows():
+        assert f"{html.escape(said)} <code>docs/results/{name}</code>" in front, said
 
 
 def test_clear_outputs_strips(tmp_path):

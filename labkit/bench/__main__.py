@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 from labkit.bench import names, resolve
+from labkit.machine import append_record
 
 
 class _Tee(io.TextIOBase):
@@ -34,30 +32,14 @@ class _Tee(io.TextIOBase):
         self.out.flush()
 
 
-def machine() -> dict:
-    """The facts a figure depends on: cores, load average at the end, torch's threads."""
-    import torch
-
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
-    return {"cores": os.cpu_count(), "load_1min": round(load[0], 2) if load[0] is not None else None,
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
-
-
 def record(path: str | Path, name: str, args: list[str], output: str) -> dict:
     """Append the record of one run (its last JSON line) to ``path``; a clear error when the
     benchmark printed none."""
     last = next((line for line in reversed(output.strip().splitlines()) if line.startswith("{")), None)
     if last is None:
         raise ValueError(f"benchmark {name!r} printed no JSON line: nothing to record")
-    rec = {"bench": name, "command": " ".join(["python -m labkit.bench", name, *args]),
-           "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-           "result": json.loads(last)}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(rec) + "\n")
-    return rec
+    return append_record(path, {"bench": name, "command": " ".join(["python -m labkit.bench", name, *args]),
+                                "result": json.loads(last)})
 
 
 def main(argv: list[str] | None = None) -> int:

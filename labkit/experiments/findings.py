@@ -21,6 +21,7 @@ from pathlib import Path
 
 from labkit.experiments import stats
 from labkit.experiments.config import RESULTS
+from labkit.machine import read_records
 from labkit.reference import markdown as reference_markdown
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
@@ -45,7 +46,7 @@ def _control(ctl: Mapping | None, what: str) -> str:
     if not ctl or not ctl.get("positive"):
         return "no positive control was run"
     can = "can" if ctl.get("sensitive") else "cannot"
-    return f"positive control ({what}) {_num(ctl['positive']['mean'])}, so this testbed {can} see such effects"
+    return f"positive control ({what}) {_num(ctl['positive']['mean'])}: this testbed {can} see it"
 
 
 def _learning(r: Mapping) -> str:
@@ -77,21 +78,24 @@ def _credit(r: Mapping) -> str:
 
 def _mucode(r: Mapping) -> str:
     rel, sel = r["controls"]["relabelling"], r["controls"]["selection"]
-    return (f"muCODE's expert iteration minus the start policy: {_words(rel.get('claim'))}; "
-            f"{_control(rel, 'correct experts only minus start')}. Learned verifier minus a random "
-            f"pick: {_words(sel.get('claim'))}.")
+    return (f"Expert iteration minus start: {_words(rel.get('claim'))}; "
+            f"{_control(rel, 'correct experts only')}. Verifier minus random pick: "
+            f"{_num((sel.get('claim') or {}).get('mean'))}.")
 
 
 ROWS: dict[str, Callable[[Mapping], str]] = {
     "learning": _learning,
-    "reshaping": _paired_claim("Reshaped minus raw GRPO under sparse binary feedback", "raw_grpo",
-                               "reshaped_full", "dense minus binary feedback"),
-    "didpo": _paired_claim("DiDPO minus GRPO on held-out two-bug repairs", "grpo", "didpo",
-                           "oracle hunk credit minus GRPO"),
+    "reshaping": _paired_claim("Reshaped minus raw GRPO, sparse binary feedback", "raw_grpo",
+                               "reshaped_full", "dense minus binary"),
+    "didpo": _paired_claim("DiDPO minus GRPO, held-out two-bug repairs", "grpo", "didpo",
+                           "oracle hunk credit"),
     "credit": _credit,
     "mucode": _mucode,
 }
 """The experiment -> its sentence (:func:`table`)."""
+
+MAX_WORDS = 30
+"""At most this many words in a finding's sentence (a test checks every row)."""
 
 
 def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
@@ -104,14 +108,18 @@ def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
     return out
 
 
-def table(results_dir: str | Path = RESULTS, link_prefix: str = "docs/results/") -> str:
-    """The markdown table, one row per record, in the order of :data:`ROWS`."""
+def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str]]:
+    """``(sentence, page file name)`` per record, in the order of :data:`ROWS`: the README's
+    table and the lab report's front page both show these."""
     order = list(ROWS)
-    rows = sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
+    found = sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
+    return [(ROWS[data["experiment"]](data), path.with_suffix(".md").name) for path, data in found]
+
+
+def table(results_dir: str | Path = RESULTS, link_prefix: str = "docs/results/") -> str:
+    """The markdown table of :func:`rows`."""
     lines = ["| what the records say | page |", "|---|---|"]
-    for path, data in rows:
-        page = path.with_suffix(".md").name
-        lines.append(f"| {ROWS[data['experiment']](data)} | [{page}]({link_prefix}{page}) |")
+    lines += [f"| {said} | [{page}]({link_prefix}{page}) |" for said, page in rows(results_dir)]
     if len(lines) == 2:
         lines.append("| (no results recorded yet) | |")
     return "\n".join(lines)
@@ -161,13 +169,7 @@ BENCHES = {  # name -> (the peer measured in the same run, [(figure, comparison,
 def benchmarks(path: str | Path = BENCH_RECORDS) -> str:
     """The benchmarks table: per bench its latest record (figure, target, met or missed, the
     machine's cores and load when it ran, the command)."""
-    latest: dict = {}
-    path = Path(path)
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                latest[rec["bench"]] = rec
+    latest = {rec["bench"]: rec for rec in read_records(path)}
     lines = ["| bench | against | target | latest figure | machine (cores, load) | command | what bounds it |",
              "|---|---|---|---|---|---|---|"]
     for name, (peer, targets, bound) in BENCHES.items():
@@ -187,6 +189,83 @@ def benchmarks(path: str | Path = BENCH_RECORDS) -> str:
     return "\n".join(lines)
 
 
+LAB_RECORDS = RESULTS.parent / "benchmarks" / "lab.jsonl"
+TEST_RECORDS = RESULTS.parent / "benchmarks" / "tests.jsonl"
+
+GUIDE = {  # notebook -> (what you do in it, what to know first)
+    "00_tour": ("the whole loop: sample fixes, run them, reward components, one GRPO step",
+                "Python; what sampling from a language model means"),
+    "01_tasks_and_sandbox": ("tasks and splits, every bug operator, sandbox records, reward hacks caught",
+                             "00"),
+    "02_reward_reshaping": ("composite weights, normalisation, amplification, focus, curriculum; the "
+                            "reward tuner", "00; GRPO's group-normalised advantage"),
+    "03_counterfactual_forking": ("token forks with prefix-cache reuse, dR per position, hunk values "
+                                  "as ground truth", "00, 02"),
+    "04_anchor_grouping": ("sub-diffs, groupability, anchors, A_D on tokens; which credit matches the "
+                           "truth", "03; unified diffs"),
+    "05_training": ("GRPO vs reshaped GRPO vs DiDPO side by side on the live dashboard",
+                    "02, 04; PPO's clipped loss, KL to a reference"),
+    "06_mucode": ("multi-turn episodes, verifiers, expert iteration, Best-of-N selectors", "05"),
+    "07_bring_your_own_model": ("the same loop on a local Hugging Face checkpoint with LoRA",
+                                "05; peft's LoRA"),
+    "08_scale_out": ("labkit's rewards and DiDPO credit inside TRL's `GRPOTrainer`; verl",
+                     "05; TRL's trainer API"),
+}
+"""The learner's path (the README's notebook table; minutes come from :data:`LAB_RECORDS`)."""
+
+
+def _minutes(seconds: float | None) -> str:
+    return "n/a" if seconds is None else "<1" if seconds < 60 else f"{seconds / 60:.0f}"
+
+
+def _machine(rec: Mapping) -> str:
+    m = rec.get("machine", {})
+    return f"{m.get('cores')} cores, load {m.get('load_1min')}"
+
+
+def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) -> str:
+    """The learner's path: every notebook with its minutes in the latest full-budget
+    ``make lab`` record that ran them all, what it does and what to know first; then the
+    two commands' measured minutes."""
+    full = [r for r in read_records(path) if not r.get("smoke") and not r.get("failed")
+            and set(GUIDE) <= set(r.get("notebooks", {}))]
+    rec = full[-1] if full else None
+    lines = ["| notebook | minutes | what you do in it | know first |", "|---|---|---|---|"]
+    for name, (what, first) in GUIDE.items():
+        secs = rec["notebooks"][name]["seconds"] if rec else None
+        lines.append(f"| `{name}` | {_minutes(secs)} | {what} | {first} |")
+    said = [f"`make lab` took {_minutes(rec['seconds'])} minutes ({_machine(rec)})" if rec else
+            "`make lab` has no full-budget record yet"]
+    for fresh, label in ((True, "on a fresh machine"), (False, "warm")):
+        runs = [r for r in read_records(tests) if r.get("fresh_task_cache") is fresh
+                and not r.get("exit_status")]
+        if runs:
+            r = runs[-1]
+            install = f", {_minutes(r['install_seconds'])} of them installing" if r.get("install_seconds") else ""
+            total = r["seconds"] + (r.get("install_seconds") or 0)
+            said.append(f"`make test` {_minutes(total)} minutes {label}{install} ({_machine(r)})")
+    lines += ["", "Measured: " + "; ".join(said) + " (records in `docs/benchmarks/`, both commands "
+              "install first when `.venv` is missing)."]
+    return "\n".join(lines)
+
+
+def test_durations(path: str | Path = TEST_RECORDS) -> str:
+    """The suite's latest passing run, fresh and warm: minutes, outcomes and its slowest tests."""
+    lines = []
+    for fresh, label in ((True, "fresh task cache"), (False, "warm task cache")):
+        runs = [r for r in read_records(path) if r.get("fresh_task_cache") is fresh]
+        if not runs:
+            lines += [f"**{label}**: not recorded.", ""]
+            continue
+        r = runs[-1]
+        outcomes = ", ".join(f"{v} {k}" for k, v in sorted(r["outcomes"].items()))
+        install = f" + {r['install_seconds']:.0f} s installing" if r.get("install_seconds") else ""
+        lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({outcomes}; "
+                  f"{_machine(r)}). Slowest:", "", "| test | seconds |", "|---|---|"]
+        lines += [f"| `{t['test']}` | {t['seconds']:.0f} |" for t in r["slowest"][:10]] + [""]
+    return "\n".join(lines).rstrip()
+
+
 def reference() -> str:
     return reference_markdown()
 
@@ -195,6 +274,8 @@ BLOCKS: dict[str, Callable[[str | Path], str]] = {
     "findings": table,
     "model-quality": lambda results_dir: model_quality(),
     "benchmarks": lambda results_dir: benchmarks(),
+    "notebooks": lambda results_dir: notebooks(),
+    "test-durations": lambda results_dir: test_durations(),
     "reference": lambda results_dir: reference(),
 }
 """Generated blocks (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file): name

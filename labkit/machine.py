@@ -1,0 +1,42 @@
+"""The facts a measured time depends on, stored with every record that holds one (benchmark
+lines, the lab's notebook times, the test suite's durations): cores, the 1-minute load
+average when the measurement ended, torch's threads and versions. A figure read without them
+cannot be compared with another."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def facts() -> dict:
+    """Cores, load average (1 min), torch threads, Python, torch and CPU names."""
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cores": os.cpu_count(), "load_1min": round(load, 2) if load is not None else None,
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+
+
+def append_record(path: str | Path, record: Mapping) -> dict:
+    """Append ``record`` with the UTC time and :func:`facts` as one JSON line to ``path``
+    (created with its folder); returns the line's object."""
+    rec = {**record, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": facts()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return rec
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Every JSON line of ``path`` (none when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
