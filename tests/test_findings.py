@@ -123,3 +123,13 @@ def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records
     table = findings.test_durations(tests_file)
     assert "**warm task cache**: not recorded." in table and "| `t::a` | 90 |" in table
     assert "540 s + 120 s installing (3 passed;" in table
+
+
+def test_readme_is_a_front_door():
+    """At most 1,200 words (code blocks and the generated tables' markup included) and no
+    table cell over 60 words: the README points to docs/ for everything longer."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 1200, len(text.split())
+    cells = [c for line in text.splitlines() if line.startswith("|") for c in line.strip("|").split("|")]
+    longest = max(cells, key=lambda c: len(c.split()))
+    assert len(longest.split()) <= 60, longest
