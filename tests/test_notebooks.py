@@ -340,3 +340,15 @@ def test_smoke_run_records_sane_numbers(name, smoke_lab):
     assert numbers is not None, f"{name} wrote no {name}.json"
     assert numbers["smoke"] is True and numbers["seconds"] > 0
     CHECKS[name](numbers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPECTED)
+def test_executed_notebook_figures_do_not_mislead(name, smoke_lab):
+    """Every plotly figure an executed notebook shows passes :mod:`labkit.figcheck`: axes say
+    what they show, no category on a continuous colour scale, no trace hidden under an
+    identical one."""
+    from labkit.figcheck import notebook_problems
+
+    found = notebook_problems(Path(smoke_lab["out"]) / f"{name}.ipynb")
+    assert found == [], "\n".join(f"cell {i}: {p}" for i, p in found)
