@@ -149,7 +149,7 @@ def test_group_frame_estimators_golden():
 
 def test_inspector_selects_into_diffview(run_dir):
     insp = AdvantageInspector.from_run(run_dir)
-    assert [r["sample"] for r in insp.records] == [0, 1, 2, 3]  # latest step, first task
+    assert [r["sample"] for r in insp.records] == [0, 1, 2, 3]  # latest step, widest spread
     assert insp.frame["advantage"].tolist() == [1.5, -0.5, -0.5, -0.5]
     insp._picker.value = 2
     assert insp.selected == 2 and insp.diff.caption.startswith("step 3 · toy/inc/bug0 · sample 2")
@@ -161,6 +161,18 @@ def test_inspector_selects_into_diffview(run_dir):
         AdvantageInspector(trap_batch())
     with pytest.raises(LookupError, match="toy/nope"):
         AdvantageInspector.from_run(run_dir, task_id="toy/nope")
+
+
+def test_default_group_is_the_one_with_signal():
+    """A group whose rollouts all passed has every advantage 0: the default skips it for the
+    group whose rewards spread widest (the first logged among equals)."""
+    from widgets.records import group
+
+    flat = [record(i, FIX, reward=1.0) | {"task_id": "toy/flat/bug0"} for i in range(4)]
+    mixed = [record(i, FIX if i < 2 else WRONG, reward=1.0 if i < 2 else 0.0) for i in range(4)]
+    assert {r["task_id"] for r in group(flat + mixed)} == {mixed[0]["task_id"]}
+    assert {r["task_id"] for r in group(mixed + flat)} == {mixed[0]["task_id"]}
+    assert {r["task_id"] for r in group(flat)} == {"toy/flat/bug0"}
 
 
 # ----------------------------------------------------------------------------- tuner

@@ -81,7 +81,7 @@ class AdvantageInspector(StaticView, ipw.VBox):
     def from_run(cls, run_dir: str | Path, step: int | None = None, task_id: str | None = None,
                  **kwargs) -> AdvantageInspector:
         """The group of ``task_id`` at ``step`` in ``run_dir/rollouts.jsonl`` (defaults: the
-        latest step, its first task)."""
+        latest step, its task whose rewards spread widest: :func:`widgets.records.group`)."""
         return cls(group(read_rollouts(open_run(run_dir)), step, task_id), **kwargs)
 
     @validate("records")

@@ -51,10 +51,15 @@ def at_step(records: Sequence[Mapping], step: int | None = None) -> list[dict]:
 
 def group(records: Sequence[Mapping], step: int | None = None,
           task_id: str | None = None) -> list[dict]:
-    """One task's group at one step, ordered by sample (defaults: the latest step, the
-    first task logged at it)."""
+    """One task's group at one step, ordered by sample (defaults: the latest step, and of its
+    tasks the one whose rewards spread widest, the first logged among equals: a group whose
+    rollouts all scored alike has every advantage 0 and nothing to show)."""
     batch = at_step(records, step)
-    task_id = batch[0]["task_id"] if task_id is None else task_id
+    if task_id is None:
+        rewards: dict[str, list[float]] = {}
+        for r in batch:
+            rewards.setdefault(r["task_id"], []).append(float(r.get("reward") or 0.0))
+        task_id = max(rewards, key=lambda t: max(rewards[t]) - min(rewards[t]))  # first among ties
     out = sorted((r for r in batch if r["task_id"] == task_id), key=lambda r: r["sample"])
     if not out:
         tasks = sorted({r["task_id"] for r in batch})
