@@ -280,7 +280,7 @@ def test_strip_matrix_pads_and_labels():
 
 
 def _stub_trainer():
-    stub = SimpleNamespace(events=EventBus(), stops=0)
+    stub = SimpleNamespace(events=EventBus(), stops=0, cfg=SimpleNamespace(run_dir="runs/stub-run"))
     stub.request_stop = lambda: setattr(stub, "stops", stub.stops + 1)
     return stub
 
@@ -305,6 +305,8 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     assert trace["reward/mean"].x == (1, 2) and trace["reward/mean"].y == (0.1, 0.2)
     assert trace["eval/pass_at_1"].y == (0.5,) and trace["clip/frac"].x == ()
     assert len(dash.strip.data[0].z) == 6 and "step 2" in dash._status.value
+    assert dash._status.value.count("stub-run: step 2") == 1  # the status names the run
+    assert dash.curves.data[0].legendgroup == "reward"  # one legend group per panel
     # a resumed run repeats step 2: the newest row replaces the old one
     trainer.events.emit("on_step_end", trainer=trainer, step=2,
                         metrics={"step": 2, "reward/mean": 0.3}, records=trap_batch())
@@ -341,7 +343,10 @@ def test_dashboard_replay(run_dir):
     assert trace["eval/pass_at_1"].x == (0, 3) and trace["time/generate"].y == (1.5, 1.5, 1.5)
     assert trace["clip/frac"].x == ()
     assert len(dash.strip.data[0].z) == 5 and dash._stop.disabled
+    assert dash._stop.layout.display == "none" and "replay of" in dash._status.value  # no Stop
     assert dash.curves.data[0].name == "reward/mean"  # what browser tests poll
+    dash.batch = [dict(r, advantages=[0.0] * len(r["advantages"])) for r in dash.batch]
+    assert "no signal this step" in dash.strip.layout.title.text  # a blank strip says why
     with pytest.raises(FileNotFoundError):
         TrainingDashboard.replay(run_dir / "missing")
 

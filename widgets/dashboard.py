@@ -101,6 +101,7 @@ class TrainingDashboard(StaticView, ipw.VBox):
     batch = List(help="Records of the latest step (the strip).")
     strip_field = Unicode("advantages", help="Per-token record field shown in the strip.")
     status = Unicode("", help="One line under the figures.")
+    label = Unicode("", help="Which run the dashboard follows (its run folder's name), shown in the status line.")
     stop_requested = Bool(False, help="The Stop button was clicked.")
     trainer = AnyTrait(None, allow_none=True, help="The attached trainer (None: a replay).")
 
@@ -116,14 +117,17 @@ class TrainingDashboard(StaticView, ipw.VBox):
         for p, (_, keys) in enumerate(PANELS):
             for key in keys:
                 self._trace_of[key] = len(curves.data)
+                # one legend group per panel, titled like the panel: 20 traces read as 8 lists
                 curves.add_scatter(x=[], y=[], name=key, mode="lines+markers",
-                                   marker_size=4, row=p // COLS + 1, col=p % COLS + 1)
-        curves.update_layout(height=height, margin={"t": 40, "b": 20, "l": 40, "r": 20})
+                                   marker_size=4, row=p // COLS + 1, col=p % COLS + 1,
+                                   legendgroup=PANELS[p][0], legendgrouptitle_text=PANELS[p][0])
+        curves.update_layout(height=height, margin={"t": 40, "b": 20, "l": 40, "r": 20},
+                             legend={"tracegroupgap": 6, "groupclick": "toggleitem"})
         self.curves = go.FigureWidget(curves)
         self.strip = go.FigureWidget(go.Heatmap(z=[], zmid=0, colorscale=plotly_colorscale(),
                                                 hovertemplate="%{y}<br>token %{x} %{text}"
                                                               "<br>%{z:.3f}<extra></extra>"),
-                                     layout={"height": 160,
+                                     layout={"height": 160, "plot_bgcolor": "white",  # padding stays blank
                                              "margin": {"t": 30, "b": 20, "l": 120, "r": 20}})
         self._stop = ipw.Button(description="Stop", icon="stop", button_style="danger",
                                     disabled=True, tooltip="Stop the trainer after this step")
@@ -141,15 +145,19 @@ class TrainingDashboard(StaticView, ipw.VBox):
         self.observe(self._show_status, names="status")
 
     # ------------------------------------------------------------------ live
-    def attach(self, trainer: Any) -> TrainingDashboard:
-        """Follow ``trainer``'s events (detaching from any other trainer first)."""
+    def attach(self, trainer: Any, label: str | None = None) -> TrainingDashboard:
+        """Follow ``trainer``'s events (detaching from any other trainer first); ``label``
+        names it in the status line (default: its run folder's name)."""
         if self.trainer is not None and self.trainer is not trainer:
             self.detach()
         for event, fn in self._handlers():
             trainer.events.on(event, fn)
         self.trainer = trainer
+        run_dir = getattr(getattr(trainer, "cfg", None), "run_dir", "") or ""
+        self.label = label or Path(run_dir).name
         self.stop_requested = False
         self._stop.disabled = False
+        self._stop.layout.display = None  # a replay hid it
         return self
 
     def detach(self) -> None:
@@ -191,8 +199,9 @@ class TrainingDashboard(StaticView, ipw.VBox):
             self.publish_static()  # a headless run's notebook keeps the trained curves
 
     def _with_stop(self, line: str) -> str:
-        """A progress line that keeps saying a stop was requested (the step in flight still
-        reports)."""
+        """A progress line naming the run, that keeps saying a stop was requested (the step
+        in flight still reports)."""
+        line = f"{self.label}: {line}" if self.label else line
         return f"{line} (stop requested)" if self.stop_requested else line
 
     def _on_stop(self, _button: ipw.Button) -> None:
@@ -212,7 +221,9 @@ class TrainingDashboard(StaticView, ipw.VBox):
         dash.rows = run.read("metrics.jsonl")
         rollouts = read_rollouts(run)
         dash.batch = at_step(rollouts) if rollouts else []
+        dash.label = Path(run.path).name
         dash.status = f"replay of {run.path}: {len(dash.rows)} steps"
+        dash._stop.layout.display = "none"  # nothing to stop; attach() shows it again
         return dash
 
     # ------------------------------------------------------------------ drawing
@@ -231,7 +242,9 @@ class TrainingDashboard(StaticView, ipw.VBox):
         with self.strip.batch_update():
             heat = self.strip.data[0]
             heat.z, heat.text, heat.y = z, text, labels
-            self.strip.layout.title.text = f"{self.strip_field} per token, step {step}"
+            flat = bool(z) and all(v in (None, 0, 0.0) for row in z for v in row)
+            note = " (all 0: every group's rewards tied, no signal this step)" if flat else ""
+            self.strip.layout.title.text = f"{self.strip_field} per token, step {step}{note}"
             self.strip.layout.height = 80 + 16 * max(1, len(labels))
 
     def _show_status(self, _change: Mapping | None = None) -> None:
