@@ -65,6 +65,10 @@ def _json_safe(value):
     return round(value, 6)
 
 
+RECORD_TAG = "record"
+"""Tag of each notebook's :func:`record` cell: hidden in JupyterLab, left out of the report."""
+
+
 def record(out_dir: str | Path, name: str, numbers: Mapping) -> dict:
     """Write ``numbers`` to ``<out_dir>/<name>.json`` (floats rounded to 6 digits) and
     return them. Non-finite floats are refused: a NaN in a notebook's summary is a bug."""
@@ -230,6 +234,8 @@ def notebook_html(path: Path) -> str:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(path), as_version=4)
+    # the record cell is plumbing (the numbers are on the front page and in <notebook>.json)
+    nb.cells = [c for c in nb.cells if RECORD_TAG not in c.get("metadata", {}).get("tags", [])]
     _static_outputs(nb)
     exporter = HTMLExporter(template_name="basic")
     body, _ = exporter.from_notebook_node(nb)
