@@ -6,12 +6,13 @@ what would mislead a reader:
 * **an axis without a title**, or with a placeholder one (``value``, ``variable``,
   ``index``: what plotly writes when a wide table is plotted without labels); facets share
   one title per direction, so at least one x and one y axis must say what they show;
-* **a categorical variable on a continuous colour scale**: bars (or boxes, histograms)
-  coloured through a colour axis stack or blend categories, and a colour bar titled with
-  a step, seed or count reads as a measurement; colour by a string column instead;
+* **a categorical variable on a continuous colour scale**: bars coloured through a colour
+  axis that share x positions stack (plotly puts them in one trace), and a colour bar
+  titled with a step, seed or count reads as a measurement; colour by a string column;
 * **identical traces drawn alike**: two traces of one subplot with the same points and the
   same line dash and marker symbol hide each other (only the last one shows) while the
-  legend lists both; draw them apart (dash, facet) or name them as identical.
+  legend lists both; draw them apart (dash, facet) or name them as identical. Bars hide
+  each other only when overlaid (``barmode="overlay"``).
 
 :func:`notebook_problems` runs :func:`problems` over every plotly output of a notebook.
 """
@@ -70,17 +71,19 @@ def problems(fig: Mapping) -> list[str]:
     coloraxes = {k: v for k, v in layout.items() if k.startswith("coloraxis") and isinstance(v, Mapping)}
     for t in data:
         ref = (t.get("marker") or {}).get("coloraxis") or t.get("coloraxis")
-        if ref and t.get("type") in _BAR_LIKE:
+        xs = _points(t)[0]
+        if ref and t.get("type") in _BAR_LIKE and isinstance(xs, tuple) and len(set(xs)) < len(xs):
             found.append(f"{t.get('type')} trace {t.get('name')!r} is coloured on a continuous scale "
-                         "(bars stack or blend): colour by a string column")
+                         "and its bars share x positions (they stack): colour by a string column")
     for name, axis in coloraxes.items():
         title = _title(axis.get("colorbar")).lower()
         if any(w in title for w in CATEGORICAL_WORDS):
             found.append(f"{name}: a continuous colour scale for {title!r}, a category or an "
                          "ordinal: colour by a string column")
     seen: dict[tuple, str] = {}
+    overlaid = layout.get("barmode") == "overlay"  # grouped or stacked bars never hide each other
     for t in data:
-        if not _cartesian(t) or t.get("type") == "heatmap":
+        if not _cartesian(t) or t.get("type") == "heatmap" or (t.get("type") in _BAR_LIKE and not overlaid):
             continue
         key = (_style(t), _points(t))
         name = str(t.get("name") or "")

@@ -43,3 +43,14 @@ def test_placeholder_and_missing_axis_titles_are_caught():
     assert len(problems(_fig(bare))) == 2
     titled = px.scatter(wide, x="raw", y=["default", "trap"], labels={"value": "composite reward"})
     assert problems(_fig(titled)) == []
+
+
+def test_numeric_colour_on_bars_at_distinct_x_and_identical_grouped_bars_pass():
+    """A measured quantity may colour bars that do not share x positions; grouped bars of
+    equal height stand side by side (only overlaid bars hide each other)."""
+    per_sample = pd.DataFrame({"sample": [0, 1, 2], "A": [1.2, -0.6, -0.6], "reward": [1.0, 0.0, 0.0]})
+    assert problems(_fig(px.bar(per_sample, x="sample", y="A", color="reward"))) == []
+    equal = pd.DataFrame({"method": ["grpo", "grpo"], "pass@1": [0.5, 0.5], "when": ["start", "end"]})
+    assert problems(_fig(px.bar(equal, x="method", y="pass@1", color="when", barmode="group"))) == []
+    assert any("hides" in p for p in
+               problems(_fig(px.bar(equal, x="method", y="pass@1", color="when", barmode="overlay"))))
