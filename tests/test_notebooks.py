@@ -366,3 +366,24 @@ def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
     assert lab.RECORD_TAG in cell.metadata.get("tags", [])
     assert cell.metadata.get("jupyter") == {"source_hidden": True, "outputs_hidden": True}
     assert not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", cell.source.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
+def test_every_notebook_teaches_in_the_same_shape(path):
+    """Opens with what you will learn, what to know first and minutes to run; a "What to look
+    at" reading after every figure; ends with takeaways and a link to the page that answers
+    its question at scale (the link resolves)."""
+    nb = nbformat.read(str(path), as_version=4)
+    intro = nb.cells[1].source
+    assert nb.cells[1].cell_type == "markdown" and "**You will learn**" in intro
+    assert "**Know first:**" in intro and "**Minutes to run:**" in intro
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "fig.show()" in cell.source:
+            after = nb.cells[i + 1]
+            assert after.cell_type == "markdown" and after.source.startswith("**What to look at.**"), \
+                f"cell {i}: a figure with no reading after it"
+    rec = next(i for i, c in enumerate(nb.cells) if "record(out_dir" in c.source)
+    take = nb.cells[rec - 1].source
+    assert take.startswith("## Takeaways") and "**At scale:**" in take
+    for target in re.findall(r"\]\((\.\./[^)#]+)", take):
+        assert (path.parent / target).resolve().is_file(), target
