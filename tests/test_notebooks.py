@@ -387,3 +387,29 @@ def test_every_notebook_teaches_in_the_same_shape(path):
     assert take.startswith("## Takeaways") and "**At scale:**" in take
     for target in re.findall(r"\]\((\.\./[^)#]+)", take):
         assert (path.parent / target).resolve().is_file(), target
+
+
+def test_notebooks_show_their_exercises_as_registered():
+    """Each "Try this" cell is an exercise of :mod:`labkit.exercises`, word for word, and each
+    registered exercise appears in its notebook."""
+    from labkit.exercises import EXERCISES
+
+    shown = {(p.stem, c.source) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+             for c in nbformat.read(str(p), as_version=4).cells if c.source.startswith("**Try this.**")}
+    assert shown == {(e.notebook, e.markdown()) for e in EXERCISES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(__import__("labkit.exercises").exercises.EXERCISES)))
+def test_every_exercise_does_what_it_promises(index, tmp_path):
+    """Run the notebook at the exercise's parameters and at the defaults (same short budget):
+    the promised outcome holds after the change and not before it."""
+    from labkit.exercises import EXERCISES
+
+    ex = EXERCISES[index]
+    path = ROOT / "notebooks" / f"{ex.notebook}.ipynb"
+    base = lab.run_notebook(path, tmp_path / "base", parameters=dict(ex.budget))
+    tried = lab.run_notebook(path, tmp_path / "try", parameters={**ex.budget, **ex.parameters})
+    assert base["status"] == "ok" and tried["status"] == "ok", (base.get("error"), tried.get("error"))
+    assert ex.not_before(base["numbers"]), f"the outcome already holds before the change: {base['numbers']}"
+    assert ex.check(tried["numbers"]), f"{ex.markdown()}\ngot {tried['numbers']}"
