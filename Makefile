@@ -67,8 +67,9 @@ chromium:
 libseccomp:
 	.ci/ensure-libseccomp
 
+# Saving a tracked notebook strips its outputs (.jupyter/jupyter_server_config.py).
 jupyter: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab --config=.jupyter/jupyter_server_config.py notebooks/
 
 bench: libseccomp $(STAMP)
 	$(PY) -m labkit.bench sandbox

@@ -26,6 +26,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import resource
 import time
 from pathlib import Path
@@ -289,6 +290,28 @@ def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
 # ----------------------------------------------------------------------------- notebooks in git
 
 
+def strip(nb) -> None:
+    """Remove outputs, execution counts and run metadata from a notebook (a dict or
+    ``NotebookNode``) in place: what git holds."""
+    for cell in nb["cells"]:
+        cell.get("metadata", {}).pop("execution", None)
+        cell.get("metadata", {}).pop("papermill", None)
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    nb.get("metadata", {}).pop("papermill", None)
+    nb.get("metadata", {}).pop("widgets", None)
+
+
+def pre_save_hook(model: dict, path: str = "", **_) -> None:
+    """Jupyter's ``FileContentsManager.pre_save_hook`` for the lab's tracked notebooks: saves
+    a numbered notebook of ``notebooks/`` stripped (:func:`strip`), so working in
+    ``make jupyter`` never writes outputs into git's files; the open tab keeps them. Other
+    files are saved as they are."""
+    if model.get("type") == "notebook" and re.match(r"^(.*/)?notebooks/\d\d_[^/]*\.ipynb$", "/" + path.lstrip("/")):
+        strip(model["content"])
+
+
 def clear_outputs(paths: Sequence[Path] | None = None) -> list[Path]:
     """Strip outputs, execution counts and run metadata from notebooks (what git holds);
     returns the files that changed."""
@@ -298,14 +321,7 @@ def clear_outputs(paths: Sequence[Path] | None = None) -> list[Path]:
     for p in paths or sorted(NOTEBOOK_DIR.glob("*.ipynb")):
         before = Path(p).read_text()
         nb = nbformat.reads(before, as_version=4)
-        for cell in nb.cells:
-            cell.metadata.pop("execution", None)
-            cell.metadata.pop("papermill", None)
-            if cell.cell_type == "code":
-                cell.outputs = []
-                cell.execution_count = None
-        nb.metadata.pop("papermill", None)
-        nb.metadata.pop("widgets", None)
+        strip(nb)
         after = nbformat.writes(nb) + "\n"
         if after != before:
             Path(p).write_text(after)

@@ -413,3 +413,21 @@ def test_every_exercise_does_what_it_promises(index, tmp_path):
     assert base["status"] == "ok" and tried["status"] == "ok", (base.get("error"), tried.get("error"))
     assert ex.not_before(base["numbers"]), f"the outcome already holds before the change: {base['numbers']}"
     assert ex.check(tried["numbers"]), f"{ex.markdown()}\ngot {tried['numbers']}"
+
+
+def test_saving_a_tracked_notebook_in_jupyter_strips_it(tmp_path):
+    """``make jupyter`` saves notebooks/NN_*.ipynb without outputs (the pre-save hook); other
+    notebooks keep theirs. The Makefile starts JupyterLab with the hook's config."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("1 + 1", execution_count=3)
+    cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=3)]
+    nb.cells = [cell]
+    tracked = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
+    lab.pre_save_hook(tracked, path="notebooks/00_tour.ipynb")
+    assert tracked["content"]["cells"][0]["outputs"] == []
+    assert tracked["content"]["cells"][0]["execution_count"] is None
+    mine = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
+    lab.pre_save_hook(mine, path="scratch/Untitled.ipynb")
+    assert mine["content"]["cells"][0]["outputs"]
+    assert "--config=.jupyter/jupyter_server_config.py" in (ROOT / "Makefile").read_text()
+    assert "pre_save_hook" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
