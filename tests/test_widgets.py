@@ -8,6 +8,7 @@ import re
 import statistics
 from types import SimpleNamespace
 
+import ipywidgets
 import pytest
 
 from labkit.credit.reshaping import ReshapeConfig
@@ -517,3 +518,21 @@ def test_widgets_carry_a_static_rendering_for_pages_without_a_kernel(tmp_path, r
     assert "TrainingDashboard(" not in page and "<button" not in page
     view = DiffView(buggy_code="x = 1\n", completion="x = 2\n", code="x = 2\n")
     assert "x = 2" in static_html(view) and "labkit-diffview" in static_html(view)
+
+
+def test_widgets_fit_a_notebook_column():
+    """The tuner's labels are shown whole (a fixed label width for the longest name) with the
+    field's docstring as tooltip, and its table scrolls in a box of bounded height; the
+    inspector puts the advantages before the components and scrolls sideways."""
+    from labkit.reference import field_docs
+
+    tuner = RewardTuner(trap_batch())
+    docs = field_docs(ReshapeConfig)
+    for name, control in tuner.controls.items():
+        assert control.style.description_width == "120px" and control.tooltip == docs[name]
+    boxes = [c for c in tuner.children if isinstance(c, ipywidgets.Box) and tuner._table in c.children]
+    assert boxes and boxes[0].layout.max_height == "340px"
+    insp = AdvantageInspector([r for r in trap_batch() if r["task_id"] == trap_batch()[0]["task_id"]])
+    cols = list(insp.frame.columns)
+    assert cols.index("A grpo") < cols.index("r_test")
+    assert any(insp._table in c.children for c in insp.children if isinstance(c, ipywidgets.Box))

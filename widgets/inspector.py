@@ -39,16 +39,18 @@ def estimator_advantages(rewards: Sequence[float], estimators: Sequence[str] = E
 
 def group_frame(records: Sequence[Mapping], estimators: Sequence[str] = ESTIMATORS,
                 ) -> pd.DataFrame:
-    """One row per rollout: ``sample``, ``status``, the components, ``reward`` (the logged
-    reshaped reward), ``advantage`` (logged, mean over tokens) and ``A <estimator>``
-    recomputed from ``reward`` (before the trainer's optional batch normalisation and
-    advantage transforms)."""
+    """One row per rollout: ``sample``, ``status``, ``reward`` (the logged reshaped reward),
+    ``advantage`` (logged, mean over tokens), ``A <estimator>`` recomputed from ``reward``
+    (before the trainer's optional batch normalisation and advantage transforms), then the
+    components."""
     rows = [{"sample": r["sample"], "status": r.get("status", ""),
-             **{c: r["components"].get(c) for c in COMPONENTS},
              "reward": r["reward"], "advantage": sequence_advantage(r)} for r in records]
     frame = pd.DataFrame(rows)
     for name, adv in estimator_advantages([r["reward"] for r in records], estimators).items():
         frame[f"A {name}"] = adv
+    # the components last: the advantages stay in view in a narrow notebook, the rest scrolls
+    for c in COMPONENTS:
+        frame[c] = [r["components"].get(c) for r in records]
     return frame
 
 
@@ -70,7 +72,8 @@ class AdvantageInspector(StaticView, ipw.VBox):
         self._picker = ipw.Dropdown(description="rollout",
                                         layout=ipw.Layout(width="auto"))
         self.diff = DiffView()
-        super().__init__(children=[self._title, self._table, self._picker, self.diff])
+        table_box = ipw.Box([self._table], layout=ipw.Layout(overflow="auto", max_width="100%"))
+        super().__init__(children=[self._title, table_box, self._picker, self.diff])
         self.add_class("labkit-inspector")
         self.observe(self._on_records, names="records")
         self.observe(self._on_selected, names="selected")

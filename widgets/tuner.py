@@ -28,6 +28,7 @@ from labkit.credit.pipeline import Credit, CreditInput
 from labkit.env.feedback import FEEDBACK_MODES, FeedbackConfig, r_feedback_of_record
 from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig, components_on, recipe
 from labkit.loops.trainer import TrainConfig
+from labkit.reference import field_docs
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run, read_rollouts
 from widgets.tables import frame_html
@@ -183,12 +184,15 @@ class RewardTuner(StaticView, ipw.VBox):
     def __init__(self, records: Sequence[Mapping], start: ReshapeConfig | None = None,
                  estimator: str = "grpo"):
         start = start or recipe("raw")
+        docs = field_docs(ReshapeConfig)  # each control's tooltip: the field's docstring
+        label = {"description_width": "120px"}  # the longest name (focus_threshold) in full
         self.controls: dict[str, ipw.ValueWidget] = {
             **{name: ipw.FloatSlider(description=name, min=lo, max=hi, step=step,
-                                         continuous_update=False)
+                                     continuous_update=False, style=label,
+                                     tooltip=docs.get(name, name), layout=ipw.Layout(width="98%"))
                for name, lo, hi, step in SLIDERS},
-            **{name: ipw.ToggleButtons(description=name, options=choices,
-                                           style={"button_width": "90px"})
+            **{name: ipw.ToggleButtons(description=name, options=choices, tooltip=docs.get(name, name),
+                                       style={"button_width": "90px", **label})
                for name, choices in TOGGLES},
         }
         # only estimators a stored batch is enough for (no rollouts, tasks or forks needed)
@@ -204,8 +208,10 @@ class RewardTuner(StaticView, ipw.VBox):
         self.out = ipw.Output()
         grid = ipw.GridBox(list(self.controls.values()),
                                layout=ipw.Layout(grid_template_columns="repeat(2, 50%)"))
+        # the table scrolls in its own box, so the controls and the ranks fit one screen
+        table_box = ipw.Box([self._table], layout=ipw.Layout(max_height="340px", overflow="auto"))
         super().__init__(children=[grid, ipw.HBox([self._recipe, self._estimator, self._feedback, self._reset]),
-                                   self._summary, self._table, self.out],
+                                   self._summary, table_box, self.out],
                          records=[dict(r) for r in records], start=start,
                          config=dataclasses.replace(start), estimator=estimator)
         self.add_class("labkit-tuner")
