@@ -89,6 +89,19 @@ def test_ema_baseline():
     assert r.tolist() == [2.0, 2.0]
 
 
+def test_ema_baseline_is_in_the_units_of_the_normalised_rewards():
+    """With batch normalisation the baseline tracks the standardised batch means (about 0),
+    not the raw means: a batch of raw rewards near 0.9 comes out centred, not at -0.9."""
+    sh = rs.Reshaper(rs.ReshapeConfig(normalise="batch", warmup_steps=0, ema_baseline=0.9))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        raw = 0.9 + 0.05 * torch.randn(16, generator=gen, dtype=torch.float64)
+        out, info = sh.normalise(raw)
+        sh.advance()
+        assert info["reshape/norm"] == "batch" and abs(out.mean().item()) < 1e-6
+        assert abs(out.std().item() - 1) < 1e-4
+
+
 def test_curriculum_prefers_learnable_buckets_and_unlocks_in_order():
     cur = rs.CurriculumSampler(beta=0.0, eps=0.0)
     cur.update("easy", 1.0)

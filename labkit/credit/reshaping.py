@@ -90,7 +90,8 @@ class ReshapeConfig:
     running_momentum: float = 0.99
     """Momentum of the running mean and variance."""
     ema_baseline: float = 0.0
-    """If > 0, subtract an EMA of the mean reward with this beta (0 = off)."""
+    """If > 0, subtract ``b``, an EMA of the batch's mean reward with this beta, after
+    normalisation and in its units: ``b <- beta b + (1 - beta) mean(R~)`` (0 = off)."""
     adv_clip: float = 5.0
     """Clip advantages to ``[-adv_clip, adv_clip]`` (0 = off)."""
     amplify: Literal["none", "signed_power", "piecewise"] = "none"
@@ -313,9 +314,13 @@ class Reshaper:
             else:
                 used = "skipped"  # first batch with no spread: nothing to normalise with
         if cfg.ema_baseline > 0:
-            base = self.ema if self.ema is not None else mean
+            # the baseline is kept in the units of the rewards it is subtracted from: the batch
+            # mean *after* normalisation (an EMA of raw means subtracted from standardised
+            # rewards would shift them by the raw mean, about -0.9 on a mostly passing batch)
+            now = r.mean().item()
+            base = self.ema if self.ema is not None else now
             r = r - base
-            self.ema = cfg.ema_baseline * base + (1 - cfg.ema_baseline) * mean
+            self.ema = cfg.ema_baseline * base + (1 - cfg.ema_baseline) * now
         # Running statistics: the mean from every batch, the variance only from batches
         # with spread (a batch of equal rewards says nothing about the scale; the
         # variance starts at 1, so until then normalising only centres).
