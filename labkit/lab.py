@@ -67,7 +67,8 @@ def _json_safe(value):
 
 
 RECORD_TAG = "record"
-"""Tag of each notebook's :func:`record` cell: hidden in JupyterLab, left out of the report."""
+"""Tag of each notebook's :func:`record` cell: its output collapsed in JupyterLab, the cell
+left out of the report."""
 
 
 def record(out_dir: str | Path, name: str, numbers: Mapping) -> dict:

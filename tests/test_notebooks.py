@@ -356,15 +356,15 @@ def test_executed_notebook_figures_do_not_mislead(name, smoke_lab):
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
-    """The numbers a notebook records are plumbing: one cell, tagged ``record``, source and
-    output collapsed in JupyterLab, ending on an assignment (nothing displayed), and only it
-    calls ``record``."""
+    """The numbers a notebook records are plumbing: one cell, tagged ``record``, its output
+    collapsed in JupyterLab, ending on an assignment (nothing displayed), and only it calls
+    ``record``."""
     nb = nbformat.read(str(path), as_version=4)
     calls = [c for c in nb.cells if c.cell_type == "code" and "record(out_dir" in c.source]
     assert len(calls) == 1
     cell = calls[0]
     assert lab.RECORD_TAG in cell.metadata.get("tags", [])
-    assert cell.metadata.get("jupyter") == {"source_hidden": True, "outputs_hidden": True}
+    assert cell.metadata.get("jupyter") == {"outputs_hidden": True}
     assert not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*", cell.source.strip().splitlines()[-1])
 
 
