@@ -326,6 +326,25 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     assert _n_subscribers(other.events) == 0 and dash._stop.disabled
 
 
+def test_dashboard_keeps_a_finished_run_as_an_overlay():
+    """``keep`` freezes the comparable curves of one run as dotted traces in their panels, so
+    the next run is drawn against them; empty curves are not kept."""
+    dash, trainer = TrainingDashboard(), _stub_trainer()
+    dash.attach(trainer)
+    for step in (1, 2):
+        trainer.events.emit("on_step_end", trainer=trainer, step=step,
+                            metrics={"step": step, "reward/r_test": step / 4, "train/pass_at_1": 0.1},
+                            records=trap_batch())
+    n = len(dash.curves.data)
+    dash.keep("grpo")
+    dash.rows, dash.eval_rows = [], []
+    kept = {t.name: t for t in dash.curves.data[n:]}
+    assert set(kept) == {"reward/r_test (grpo)", "train/pass_at_1 (grpo)"}  # no eval, no KL yet
+    assert kept["reward/r_test (grpo)"].y == (0.25, 0.5) and kept["reward/r_test (grpo)"].line.dash == "dot"
+    live = next(t for t in dash.curves.data if t.name == "reward/r_test")
+    assert live.x == () and kept["reward/r_test (grpo)"].xaxis == live.xaxis  # same panel
+
+
 def test_dashboard_errors_do_not_reach_the_trainer():
     dash = TrainingDashboard().attach(_stub_trainer())
     trainer = dash.trainer

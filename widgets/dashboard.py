@@ -46,6 +46,9 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """``(title, keys)`` of each panel; ``eval/*`` keys come from ``eval.jsonl`` / ``on_eval``,
 the others from ``metrics.jsonl`` / ``on_step_end``."""
 COLS = 2
+KEPT = ("reward/r_test", "train/pass_at_1", "eval/pass_at_1", "kl/k3")
+"""Curves :meth:`TrainingDashboard.keep` freezes by default: the readings that compare
+across methods (each method's reward is its own)."""
 
 
 # ----------------------------------------------------------------------------- pure helpers
@@ -210,6 +213,22 @@ class TrainingDashboard(StaticView, ipw.VBox):
             if self.trainer is not None:
                 self.trainer.request_stop()
                 self.status = "stop requested: the trainer stops after the current step"
+
+    def keep(self, label: str, keys: Sequence[str] = KEPT) -> None:
+        """Freeze the current curves of ``keys`` as a dotted overlay named ``label``, so the
+        next run (after ``rows`` and ``eval_rows`` are cleared) is drawn against it: a live
+        side-by-side comparison of methods trained one after the other."""
+        panel_of = {k: p for p, (_, ks) in enumerate(PANELS) for k in ks}
+        with self.curves.batch_update():
+            for key in keys:
+                src = self.curves.data[self._trace_of[key]]
+                if not src.x:
+                    continue
+                p = panel_of[key]
+                self.curves.add_scatter(x=list(src.x), y=list(src.y), name=f"{key} ({label})",
+                                        mode="lines", line={"dash": "dot", "width": 1.5},
+                                        opacity=0.6, legendgroup=PANELS[p][0],
+                                        row=p // COLS + 1, col=p % COLS + 1)
 
     # ------------------------------------------------------------------ replay
     @classmethod
