@@ -46,7 +46,7 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     assert wall["steps"] == res["wall_steps"] == max(1, int(2 * res["step_costs_s"]["grpo"]
                                                             / res["step_costs_s"]["didpo_fork"]))
     assert set(res["controls"]) >= {"positive", "negative", "mde", "sensitive"}
-    assert "DiDPO minus GRPO on held-out two-bug repairs" in findings_table(tmp_path)
+    assert "DiDPO minus GRPO, held-out two-bug repairs" in findings_table(tmp_path)
     assert res["methods"]["oracle_hunk"]["abs_adv_per_token"] is not None
     md = (tmp_path / "didpo.md").read_text()
     assert "Could this testbed see the effect?" in md and "measured side by side" in md
@@ -397,7 +397,7 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2
     assert json.loads((tmp_path / "mucode.json").read_text())["generators"] == res["generators"]
-    assert "expert iteration minus the start policy" in findings_table(tmp_path)
+    assert "Expert iteration minus start" in findings_table(tmp_path)
 
 
 def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
