@@ -147,3 +147,16 @@ def test_oracle_puts_each_hunk_value_on_its_tokens_scaled_as_grpo():
     assert sorted(round(x, 9) for x in shuffled[shuffled != 0].tolist()) != [] and \
         sorted(round(v * std, 6) for v in set(shuffled[shuffled != 0].tolist())) == \
         sorted(round(v, 6) for v in {0.6, 0.4, -0.2})  # the same values, permuted
+
+
+def test_oracle_gives_a_tied_group_no_hunk_credit():
+    """A tied group (every rollout repaired the same bug) has std 0: GRPO gives it nothing, and
+    so does the oracle's hunk term (dividing by eps alone made a hunk worth 0.5 into 5e5);
+    the untied group beside it keeps its credit."""
+    rewards = torch.tensor([0.5, 0.5, 1.0, 0.0], dtype=torch.float64)
+    mask = torch.ones(4, 3, dtype=torch.float64)
+    hunks = HunkValues([[((0,), 0.5)], [((1,), 0.5)], [((0,), 0.5), ((2,), 0.5)], []])
+    inp = AdvantageInput(rewards, ["tied", "tied", "g", "g"], mask, hunks=hunks)
+    out = compute_advantages("oracle_hunk", inp).advantages
+    assert torch.equal(out[:2], torch.zeros(2, 3, dtype=torch.float64))
+    assert out.abs().max() < 10 and out[2, 0] > compute_advantages("grpo", inp).advantages[2, 0]

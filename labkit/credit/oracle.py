@@ -16,7 +16,8 @@ scales (divided by the group's reward std), beside GRPO's episode advantage:
 
     A(i, t) = A_E(i) + lambda * phi_{h(t)}(i) / (std_g(R) + eps),
 
-``0`` extra credit at tokens outside every hunk. It is the ceiling a diff-level credit
+``0`` extra credit at tokens outside every hunk and in tied groups (``std_g(R) = 0``, where
+GRPO and DiDPO's ``A_D`` give none either). It is the ceiling a diff-level credit
 estimator (DiDPO's ``A_D``, fork credit) could reach on this testbed; ``oracle_hunk_shuffled``
 permutes each group's hunk values among its hunks (a seeded permutation), the floor that
 looks like credit but carries no information. Pure: the loops floor runs the subsets
@@ -34,6 +35,10 @@ import torch
 
 from labkit.credit.advantages import (ADVANTAGE_ESTIMATORS, EPS, AdvantageInput, AdvantageOutput,
                                       HunkValues, group_stats, grpo)
+
+
+TIED_STD = 1e-9
+"""A group whose reward std is at most this is tied: :func:`oracle_hunk` gives it no hunk credit."""
 
 
 def shapley_values(value: Mapping[frozenset[int], float], k: int) -> list[float]:
@@ -86,7 +91,10 @@ def _shuffled(hunks: HunkValues, groups, seed: int) -> HunkValues:
 def _oracle(inp: AdvantageInput, lam: float, episode: bool, hunks: HunkValues) -> AdvantageOutput:
     a_e, metrics = grpo(inp)  # [B, T]
     _, std, _ = group_stats(inp.rewards, inp.groups)
-    a_h = hunk_credit(hunks, inp.mask, std + EPS).to(a_e.dtype)  # [B, T]
+    # A tied group (std 0) gets no hunk credit, as GRPO (and DiDPO's A_D) give it none:
+    # dividing by eps alone would turn a hunk worth 0.5 into 5e5 and swamp every update.
+    scale = torch.where(std > TIED_STD, std + EPS, torch.full_like(std, math.inf))
+    a_h = hunk_credit(hunks, inp.mask, scale).to(a_e.dtype)  # [B, T]
     adv = (a_e if episode else torch.zeros_like(a_e)) + lam * a_h
     n = sum(len(r) for r in hunks.rows)
     metrics = {**metrics, "oracle/hunks": float(n),
@@ -98,7 +106,8 @@ def _oracle(inp: AdvantageInput, lam: float, episode: bool, hunks: HunkValues) -
 @ADVANTAGE_ESTIMATORS.register("oracle_hunk", needs=("hunks",), credit="token")
 def oracle_hunk(inp: AdvantageInput, lam: float = 1.0, episode: bool = True) -> AdvantageOutput:
     """``A(i, t) = A_E(i) + lambda * phi_{h(t)}(i) / (std_g(R) + eps)``: GRPO plus each hunk's
-    exact Shapley value on its tokens (module docstring). ``episode=False`` drops ``A_E``."""
+    exact Shapley value on its tokens, none in a tied group (module docstring).
+    ``episode=False`` drops ``A_E``."""
     return _oracle(inp, lam, episode, inp.hunks)
 
 
