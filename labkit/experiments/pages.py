@@ -265,8 +265,9 @@ def controls_lines(ctl: Mapping, positive: str, negative: str | None, claim: str
         lines.append("**Yes, this testbed can see an effect of this kind**: the positive control "
                      "beats the baseline, significant over seeds, by more than that.")
     else:
-        short = ctl.get("shortfall")
-        lines.append(f"**No: {unable}**" + (f"; the positive control falls short of the smallest "
-                                             f"detectable difference by {short:.3f}." if short is not None
-                                             else "."))
+        short, pos = ctl.get("shortfall"), ctl.get("positive")
+        why = (f"; the positive control falls short of the smallest detectable difference by "
+               f"{short:.3f}." if short is not None else
+               "; the positive control's interval over seeds includes 0." if pos else ".")
+        lines.append(f"**No: {unable}**{why}")
     return lines

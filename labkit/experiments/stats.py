@@ -237,13 +237,14 @@ def controls(positive: Mapping | None, negative: Mapping | None = None,
     ``mde`` (the design's minimum detectable effect: the claim's when measured, else the
     positive control's) and ``sensitive``: could this testbed see the claimed effect? Yes
     when the positive control is shown up over seeds and larger than the MDE; otherwise
-    ``shortfall`` says by how much it falls short of the MDE."""
+    ``shortfall`` says by how much its mean falls short of the MDE (absent when the mean
+    exceeds the MDE but its interval over seeds includes 0)."""
     mde_of = (claim or positive or {}).get("mde")
     pos_mean = positive["mean"] if positive else None
     sensitive = bool(positive and shown(positive) and positive["mean"] > 0
                      and mde_of is not None and positive["mean"] > mde_of)
     out = {"positive": _compact(positive), "negative": _compact(negative), "claim": _compact(claim),
            "mde": mde_of, "sensitive": sensitive}
-    if not sensitive and pos_mean is not None and mde_of is not None:
+    if not sensitive and pos_mean is not None and mde_of is not None and pos_mean < mde_of:
         out["shortfall"] = mde_of - pos_mean
     return out
