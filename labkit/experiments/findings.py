@@ -236,9 +236,9 @@ def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) 
         lines.append(f"| `{name}` | {_minutes(secs)} | {what} | {first} |")
     said = [f"`make lab` took {_minutes(rec['seconds'])} minutes ({_machine(rec)})" if rec else
             "`make lab` has no full-budget record yet"]
+    suite = read_records(tests)
     for fresh, label in ((True, "on a fresh machine"), (False, "warm")):
-        runs = [r for r in read_records(tests) if r.get("fresh_task_cache") is fresh
-                and not r.get("exit_status")]
+        runs = [r for r in suite if r.get("fresh_task_cache") is fresh and not r.get("exit_status")]
         if runs:
             r = runs[-1]
             install = f", {_minutes(r['install_seconds'])} of them installing" if r.get("install_seconds") else ""
@@ -251,9 +251,9 @@ def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) 
 
 def test_durations(path: str | Path = TEST_RECORDS) -> str:
     """The suite's latest passing run, fresh and warm: minutes, outcomes and its slowest tests."""
-    lines = []
+    lines, suite = [], read_records(path)
     for fresh, label in ((True, "fresh task cache"), (False, "warm task cache")):
-        runs = [r for r in read_records(path) if r.get("fresh_task_cache") is fresh]
+        runs = [r for r in suite if r.get("fresh_task_cache") is fresh]
         if not runs:
             lines += [f"**{label}**: not recorded.", ""]
             continue
