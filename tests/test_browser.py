@@ -56,6 +56,7 @@ def _tuner_batch() -> list[dict]:
             offsets = [[m.start(), m.end()] for m in re.finditer(r"\S+\s*", code)]
             out.append({"step": 1, "task_id": task, "sample": i, "buggy_code": buggy,
                         "completion": code, "code": code, "code_start": 0, "offsets": offsets,
+                        "completion_ids": list(range(len(offsets))),
                         "logprobs": [-0.5] * len(offsets), "components": c,
                         "reward": c["r_test"], "advantages": [0.0] * len(offsets),
                         "status": "passed" if c["r_pass"] else "failed", "flags": []})
@@ -108,12 +109,15 @@ def _write_generated(root: Path, model: Path, tasks: Path) -> None:
         "display(dash, done)\n"
         "def run():\n"
         "    trainer = Trainer(cfg)\n"
-        "    dash.attach(trainer)\n"
+        "    dash.attach(trainer, 'grpo')\n"
         "    rows = trainer.train(progress=False)\n"
         "    done.value = (f'training stopped: {len(rows)} steps, at step {trainer.step}, '\n"
         "                  f'stop requested {dash.stop_requested}')\n"
         "    trainer.close()\n"
         "threading.Thread(target=run, daemon=True).start()",
+    ])
+    write_notebook(root / "gen_inspector.ipynb", [
+        "from widgets import AdvantageInspector\nAdvantageInspector.from_run('run_tuner')",
     ])
     write_notebook(root / "gen_anchors.ipynb", [
         "from labkit.credit.anchors import synthetic_group, task_anchors\n"
@@ -264,6 +268,8 @@ def test_dashboard_follows_training_and_stop_stops_it(notebook):
     page.wait_for_function(f"() => ({POINTS_JS})() >= 2", timeout=120_000)
     seen = _plot_points(page)
     assert seen >= 2
+    status = page.locator(".labkit-dashboard .labkit-status").text_content()
+    assert status.startswith("grpo: "), f"the status line does not name the run: {status!r}"
     page.locator(".labkit-dashboard .labkit-stop").click()
     done = page.locator(".labkit-test-done")
     page.wait_for_function(
@@ -278,6 +284,41 @@ def test_dashboard_follows_training_and_stop_stops_it(notebook):
     time.sleep(3)  # no step after the stop
     assert _plot_points(page) == stopped_at
     notebook.screenshot(".labkit-dashboard", "training_dashboard_stopped.png")
+
+
+def test_inspector_columns_can_be_seen_at_1280x800(browser, lab, tmp_path):
+    """On a 1280x800 screen the AdvantageInspector's advantage columns sit in view or in a
+    box that scrolls them into view, never cut off by the page."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    nb = NotebookPage(page, lab, shot_folders(tmp_path))
+    try:
+        nb.open("gen_inspector.ipynb")
+        nb.run_all()
+        page.locator(".labkit-inspector-table table").first.wait_for()
+        cols = page.evaluate("""() => {
+            const box = document.querySelector('.labkit-inspector-table');
+            const t = box.querySelector('table');
+            const out = [];
+            for (const th of t.querySelectorAll('thead th')) {
+                th.scrollIntoView({block: 'nearest', inline: 'nearest'});
+                const r = th.getBoundingClientRect(), b = box.getBoundingClientRect();
+                out.push({name: th.textContent.trim(), left: r.left, right: r.right,
+                          box_left: b.left, box_right: b.right, page: window.innerWidth});
+            }
+            box.scrollLeft = 0;
+            return out; }""")
+        names = [c["name"] for c in cols]
+        assert "advantage" in names and any(n.startswith("A ") for n in names), names
+        hidden = [c for c in cols if c["right"] > min(c["box_right"], c["page"]) + 1
+                  or c["left"] < max(c["box_left"], 0) - 1]
+        assert not hidden, f"columns that cannot be brought into view: {hidden}"
+        nb.screenshot(".labkit-inspector", "advantage_inspector.png")
+    finally:
+        context.close()
+        _shutdown_kernels(lab)
+    assert not nb.errors, f"uncaught page errors: {nb.errors}"
 
 
 def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):

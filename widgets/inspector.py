@@ -69,10 +69,10 @@ class AdvantageInspector(StaticView, ipw.VBox):
         self.estimators = tuple(estimators)
         self._title = ipw.HTML()
         self._table = ipw.HTML()
-        self._picker = ipw.Dropdown(description="rollout",
-                                        layout=ipw.Layout(width="auto"))
+        self._picker = ipw.Dropdown(description="rollout", layout=ipw.Layout(width="auto"))
         self.diff = DiffView()
         table_box = ipw.Box([self._table], layout=ipw.Layout(overflow="auto", max_width="100%"))
+        table_box.add_class("labkit-inspector-table")
         super().__init__(children=[self._title, table_box, self._picker, self.diff])
         self.add_class("labkit-inspector")
         self.observe(self._on_records, names="records")
