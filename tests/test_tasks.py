@@ -251,6 +251,25 @@ def test_validated_lists_are_cached_and_reloaded_without_running(tmp_path):
     assert RepairTask.from_dict(json.loads(cached.read_text().splitlines()[0])) == first[0]
 
 
+def test_a_cached_draw_serves_a_shorter_list_and_is_extended_to_a_longer_one():
+    """A list of n problems is the first n problems' tasks of a longer draw: a shorter list
+    comes from a cached longer one with nothing run, and a longer list builds only the
+    problems beyond the longest cached shorter one; both equal a build from nothing."""
+    whole = CountingRunner()
+    fresh = {n: load_tasks("synthetic", "val", n=n, seed=7, cache=False,
+                           runner=whole if n == 5 else None) for n in (2, 5)}
+    first = CountingRunner()
+    load_tasks("synthetic", "val", n=3, seed=7, runner=first)
+    assert load_tasks("synthetic", "val", n=2, seed=7, runner=refuse_to_run) == fresh[2]
+    extend = CountingRunner()
+    assert load_tasks("synthetic", "val", n=5, seed=7, runner=extend) == fresh[5]
+    assert 0 < extend.calls < whole.calls and first.calls + extend.calls == whole.calls
+    assert load_tasks("synthetic", "val", n=5, seed=7, runner=refuse_to_run) == fresh[5]
+    # another spec (here: another seed) never serves
+    assert load_tasks("synthetic", "val", n=2, seed=8, cache=False) == \
+        load_tasks("synthetic", "val", n=2, seed=8)
+
+
 def test_every_source_is_registered():
     assert SOURCES == ("humaneval", "synthetic", "humanevalpack")
 

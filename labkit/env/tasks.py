@@ -20,7 +20,10 @@ what it is). HumanEval and HumanEvalPack problems are split by hashing the probl
 (:func:`split_of`). Injected bugs are validated by execution in the sandbox: the reference
 passes every test and the buggy code fails at least one. That costs sandbox time, so validated
 lists are cached as JSONL under ``$LABKIT_CACHE`` (default ``~/.cache/labkit/tasks``), keyed by
-every parameter and by a hash of the code that builds them::
+every parameter and by a hash of the code that builds them. Each synthetic problem's tasks
+depend on that problem alone, so a list of ``n`` problems is the first ``n`` problems' tasks
+of any longer list of the same spec: a cached longer list gives a shorter one, and a cached
+shorter list is extended by building only the problems beyond it::
 
     tasks = load_tasks("synthetic", "train", n=2000, bugs_per_problem=3)
     report = validate_tasks(tasks)        # {"tasks": ..., "reference_pass": ..., ...}
@@ -310,11 +313,36 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
             return cached
     if spec.source == "humanevalpack":
         tasks = _humanevalpack_tasks(spec, runner)
+    elif cache_file is not None and spec.source == "synthetic":
+        tasks = _from_cached_draws(spec, cache_file, runner, progress)
     else:
         tasks = _injected_tasks(spec, runner, progress)
     if cache_file is not None:
         _write_cache(cache_file, tasks)
     return tasks
+
+
+def _from_cached_draws(spec: TaskSpec, cache_file: Path, runner: Runner | None,
+                       progress: bool) -> list[RepairTask]:
+    """The tasks of ``spec`` (synthetic) from a cached draw of the same spec with another
+    ``n``: the first ``n`` problems' tasks of a longer one, or a shorter one extended by
+    building the problems beyond it; built whole when neither is cached."""
+    draws = {}
+    for file in cache_file.parent.glob(_draw_pattern(cache_file)):
+        n = _draw_size(file)
+        if n is not None and n != spec.n:
+            draws[n] = file
+    longer = sorted(n for n in draws if n > spec.n)
+    for n in longer[:1]:
+        cached = _read_cache(draws[n])
+        if cached is not None:
+            ids = {p.problem_id for p in _problems(spec)}
+            return [t for t in cached if t.problem_id in ids]
+    for n in sorted((n for n in draws if n < spec.n), reverse=True)[:1]:
+        cached = _read_cache(draws[n])
+        if cached is not None:
+            return cached + _injected_tasks(spec, runner, progress, skip=n)
+    return _injected_tasks(spec, runner, progress)
 
 
 @dataclass(frozen=True)
@@ -371,8 +399,11 @@ def _humaneval_id(problem: Mapping) -> str:
     return problem["task_id"].replace("/", "-")  # HumanEval/0 -> HumanEval-0
 
 
-def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool) -> list[RepairTask]:
-    problems = _problems(spec)
+def _injected_tasks(spec: TaskSpec, runner: Runner | None, progress: bool,
+                    skip: int = 0) -> list[RepairTask]:
+    """The tasks of ``spec``'s problems after the first ``skip`` (each problem's tasks depend
+    on that problem alone)."""
+    problems = _problems(spec)[skip:]
     timeout = spec.timeout_s
     if timeout is None and spec.source == "synthetic":
         timeout = SYNTHETIC_TIMEOUT_S
@@ -620,7 +651,10 @@ def _code_version() -> str:
 
 
 def _cache_file(spec: TaskSpec) -> Path:
+    """``<source>-<split>-<digest of every parameter but n, and the code>-n<n>.jsonl``: draws
+    of one spec that differ only in ``n`` share a prefix, so a longer one can serve."""
     key: dict[str, Any] = {**dataclasses.asdict(spec), "code": _code_version()}
+    del key["n"]
     if spec.path:  # the file's content, not its name, decides the tasks
         file = Path(spec.path)
         if not file.is_file():
@@ -628,7 +662,18 @@ def _cache_file(spec: TaskSpec) -> Path:
                                     "format JSONL file (one JSON object per line)")
         key["path"] = hashlib.sha256(file.read_bytes()).hexdigest()
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir() / f"{spec.source}-{spec.split or 'all'}-{digest}.jsonl"
+    size = "all" if spec.n is None else str(spec.n)
+    return cache_dir() / f"{spec.source}-{spec.split or 'all'}-{digest}-n{size}.jsonl"
+
+
+def _draw_pattern(file: Path) -> str:
+    """Glob of the cache files of ``file``'s spec with any ``n``."""
+    return file.name.rsplit("-n", 1)[0] + "-n*.jsonl"
+
+
+def _draw_size(file: Path) -> int | None:
+    size = file.name.rsplit("-n", 1)[1].removesuffix(".jsonl")
+    return int(size) if size.isdigit() else None
 
 
 def _read_cache(file: Path) -> list[RepairTask] | None:
