@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-record test-fast chromium libseccomp install verl-extra jupyter bench clean-venv
+.PHONY: lab test test-record test-fast test-fast-record chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ FAST_TESTS := $(addprefix tests/test_,$(addsuffix .py,bugs tasks sandbox sandbox
 
 test-fast: libseccomp $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser" $(FAST_TESTS)
+
+# `make test-fast` that also appends its durations to docs/benchmarks/tests.jsonl.
+test-fast-record: libseccomp $(STAMP)
+	LABKIT_TEST_SUITE=fast LABKIT_TEST_RECORD=docs/benchmarks/tests.jsonl \
+		$(PY) -m pytest -q -m "not slow and not browser" $(FAST_TESTS)
 
 chromium:
 	.ci/ensure-chromium

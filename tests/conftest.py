@@ -96,7 +96,8 @@ def lean_attention(request, monkeypatch):
 
 
 # ------------------------------------------------------------------ the suite's own record
-# LABKIT_TEST_RECORD=FILE (``make test-record``) appends one JSON line when the run ends: wall
+# LABKIT_TEST_RECORD=FILE (``make test-record``, ``make test-fast-record``) appends one JSON line
+# when the run ends: which suite ran (``full``, ``fast``, or ``part`` for any other selection), wall
 # seconds, outcomes, the 15 slowest tests (setup + call + teardown) and whether the task cache
 # was empty at the start (a fresh machine builds every task list once). docs/benchmarks.md's
 # test-suite table is generated from docs/benchmarks/tests.jsonl.
@@ -124,8 +125,12 @@ def pytest_sessionfinish(session, exitstatus):
     from labkit.machine import append_record
 
     slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:15]
+    args = session.config.invocation_params.args
+    whole = not session.config.option.markexpr and not any(
+        a.startswith("tests") or a.endswith(".py") or "::" in a for a in args)
     append_record(path, {
-        "kind": "tests", "command": "pytest " + " ".join(session.config.invocation_params.args),
+        "kind": "tests", "command": "pytest " + " ".join(args),
+        "suite": os.environ.get("LABKIT_TEST_SUITE") or ("full" if whole else "part"),
         "seconds": round(time.time() - _STARTED["t0"], 1), "fresh_task_cache": _STARTED["fresh"],
         "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
         "exit_status": int(exitstatus), "outcomes": dict(_OUTCOMES),

@@ -123,6 +123,15 @@ def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records
     table = findings.test_durations(tests_file)
     assert "**warm task cache**: not recorded." in table and "| `t::a` | 90 |" in table
     assert "540 s + 120 s installing (3 passed;" in table
+    assert "**fast tier** (`make test-fast`): not recorded." in table
+    # a fast-tier run is its own line, never read as the full suite's warm run
+    append_record(tests_file, {"kind": "tests", "command": "pytest -q -m x", "suite": "fast",
+                               "seconds": 80.0, "fresh_task_cache": False, "exit_status": 0,
+                               "outcomes": {"passed": 2}, "slowest": []})
+    table = findings.test_durations(tests_file)
+    assert "**warm task cache**: not recorded." in table
+    assert "**fast tier** (`make test-fast`): 80 s (2 passed; warm task cache;" in table
+    assert "warm" not in findings.notebooks(lab_file, tests_file).split("Measured:")[1]
 
 
 def test_readme_is_a_front_door():

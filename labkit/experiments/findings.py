@@ -236,7 +236,7 @@ def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) 
         lines.append(f"| `{name}` | {_minutes(secs)} | {what} | {first} |")
     said = [f"`make lab` took {_minutes(rec['seconds'])} minutes ({_machine(rec)})" if rec else
             "`make lab` has no full-budget record yet"]
-    suite = read_records(tests)
+    suite = _suite(read_records(tests))
     for fresh, label in ((True, "on a fresh machine"), (False, "warm")):
         runs = [r for r in suite if r.get("fresh_task_cache") is fresh and not r.get("exit_status")]
         if runs:
@@ -249,9 +249,16 @@ def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) 
     return "\n".join(lines)
 
 
+def _suite(records: list[dict], which: str = "full") -> list[dict]:
+    """The records of one suite (``full``: ``make test``; ``fast``: ``make test-fast``)."""
+    return [r for r in records if r.get("suite", "full") == which]
+
+
 def test_durations(path: str | Path = TEST_RECORDS) -> str:
-    """The suite's latest passing run, fresh and warm: minutes, outcomes and its slowest tests."""
-    lines, suite = [], read_records(path)
+    """The suite's latest run, fresh and warm: minutes, outcomes and its slowest tests; then
+    the fast tier's latest run."""
+    lines, records = [], read_records(path)
+    suite = _suite(records)
     for fresh, label in ((True, "fresh task cache"), (False, "warm task cache")):
         runs = [r for r in suite if r.get("fresh_task_cache") is fresh]
         if not runs:
@@ -263,6 +270,14 @@ def test_durations(path: str | Path = TEST_RECORDS) -> str:
         lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({outcomes}; "
                   f"{_machine(r)}). Slowest:", "", "| test | seconds |", "|---|---|"]
         lines += [f"| `{t['test']}` | {t['seconds']:.0f} |" for t in r["slowest"][:10]] + [""]
+    fast = _suite(records, "fast")
+    if fast:
+        r = fast[-1]
+        outcomes = ", ".join(f"{v} {k}" for k, v in sorted(r["outcomes"].items()))
+        lines.append(f"**fast tier** (`make test-fast`): {r['seconds']:.0f} s ({outcomes}; "
+                     f"{'fresh' if r.get('fresh_task_cache') else 'warm'} task cache; {_machine(r)}).")
+    else:
+        lines.append("**fast tier** (`make test-fast`): not recorded.")
     return "\n".join(lines).rstrip()
 
 
