@@ -109,7 +109,16 @@ _STARTED: dict = {}
 def pytest_sessionstart(session):
     from labkit.env.tasks import cache_dir
 
-    _STARTED.update(t0=time.time(), fresh=not any(cache_dir().glob("*.jsonl")))
+    _STARTED.update(t0=time.time(), cpu0=_cpu_seconds(), fresh=not any(cache_dir().glob("*.jsonl")))
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (sandbox workers,
+    notebook kernels, JupyterLab, Chromium, torchrun): over the cores, a floor on wall time."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def pytest_runtest_logreport(report):
@@ -131,7 +140,8 @@ def pytest_sessionfinish(session, exitstatus):
     append_record(path, {
         "kind": "tests", "command": "pytest " + " ".join(args),
         "suite": os.environ.get("LABKIT_TEST_SUITE") or ("full" if whole else "part"),
-        "seconds": round(time.time() - _STARTED["t0"], 1), "fresh_task_cache": _STARTED["fresh"],
+        "seconds": round(time.time() - _STARTED["t0"], 1),
+        "cpu_seconds": round(_cpu_seconds() - _STARTED["cpu0"], 1), "fresh_task_cache": _STARTED["fresh"],
         "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
         "exit_status": int(exitstatus), "outcomes": dict(_OUTCOMES),
         "slowest": [{"test": k, "seconds": round(v, 1)} for k, v in slowest]})

@@ -114,6 +114,7 @@ def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records
                              "notebooks": every})
     append_record(tests_file, {"kind": "tests", "command": "pytest", "seconds": 540.0,
                                "fresh_task_cache": True, "install_seconds": 120.0, "exit_status": 0,
+                               "cpu_seconds": 800.0, "machine": {"cores": 2},
                                "outcomes": {"passed": 3}, "slowest": [{"test": "t::a", "seconds": 90.0}]})
     text = findings.notebooks(lab_file, tests_file)
     assert "| `05_training` | 10 |" in text and "| `00_tour` | <1 |" in text
@@ -123,6 +124,7 @@ def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records
     table = findings.test_durations(tests_file)
     assert "**warm task cache**: not recorded." in table and "| `t::a` | 90 |" in table
     assert "540 s + 120 s installing (3 passed;" in table
+    assert "800 CPU s, so at least 400 s on 2 cores" in table
     assert "**fast tier** (`make test-fast`): not recorded." in table
     # a fast-tier run is its own line, never read as the full suite's warm run
     append_record(tests_file, {"kind": "tests", "command": "pytest -q -m x", "suite": "fast",

@@ -223,6 +223,10 @@ def _machine(rec: Mapping) -> str:
     return f"{m.get('cores')} cores, load {m.get('load_1min')}"
 
 
+def _cores(rec: Mapping) -> int:
+    return int(rec.get("machine", {}).get("cores") or 1)
+
+
 def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) -> str:
     """The learner's path: every notebook with its minutes in the latest full-budget
     ``make lab`` record that ran them all, what it does and what to know first; then the
@@ -267,8 +271,10 @@ def test_durations(path: str | Path = TEST_RECORDS) -> str:
         r = runs[-1]
         outcomes = ", ".join(f"{v} {k}" for k, v in sorted(r["outcomes"].items()))
         install = f" + {r['install_seconds']:.0f} s installing" if r.get("install_seconds") else ""
+        cpu = (f"; {r['cpu_seconds']:.0f} CPU s, so at least {r['cpu_seconds'] / _cores(r):.0f} s "
+               f"on {_cores(r)} cores however it is split" if r.get("cpu_seconds") else "")
         lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({outcomes}; "
-                  f"{_machine(r)}). Slowest:", "", "| test | seconds |", "|---|---|"]
+                  f"{_machine(r)}{cpu}). Slowest:", "", "| test | seconds |", "|---|---|"]
         lines += [f"| `{t['test']}` | {t['seconds']:.0f} |" for t in r["slowest"][:10]] + [""]
     fast = _suite(records, "fast")
     if fast:
