@@ -241,7 +241,7 @@ def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
 
 def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
                figures: Callable[[Path], list[str]] = front_figures,
-               results: Sequence[tuple[str, str]] | None = None) -> str:
+               results: Sequence[tuple[str, str, str]] | None = None) -> str:
     """The front page's HTML (see the module docstring); ``results`` defaults to
     :func:`labkit.experiments.findings.rows` of the repository's records."""
     if results is None:
@@ -268,12 +268,13 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
     return contents_html(rows, bodies) + "\n".join(found)
 
 
-def experiments_html(results: Sequence[tuple[str, str]]) -> str:
-    """The committed multi-seed findings (``(sentence, page)`` rows), as the README lists them."""
+def experiments_html(results: Sequence[tuple[str, str, str]]) -> str:
+    """The committed multi-seed findings (``(sentence, could this testbed see it, page)``
+    rows), as the README lists them."""
     if not results:
         return "<h2>What the experiments found</h2><p>No results are recorded in docs/results.</p>"
-    items = "".join(f"<li>{html.escape(said)} <code>docs/results/{html.escape(page)}</code></li>"
-                    for said, page in results)
+    items = "".join(f"<li>{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> "
+                    f"<code>docs/results/{html.escape(page)}</code></li>" for said, seen, page in results)
     return ("<h2>What the experiments found</h2><p>Several training seeds per method, paired "
             "on held-out tasks; the repository's <code>docs/results</code> pages (the same "
             f"rows as its README):</p><ul class='experiments'>{items}</ul>")

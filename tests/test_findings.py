@@ -87,10 +87,28 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count
 
 
+def test_the_seen_column_reads_each_experiments_positive_control():
+    """"Could this testbed see it?": yes or no as the record's controls say, with the positive
+    control's change and the detectable effect; "not known" without a control."""
+    table = findings.table()
+    assert f"| what the records say | {findings.SEEN_HEADER} | page |" in table
+    for path, data in findings.records():
+        seen = findings.SEEN[data["experiment"]](data)
+        ctl = data.get("controls") or {}
+        ctl = ctl.get("relabelling", ctl) if data["experiment"] == "mucode" else ctl
+        if ctl.get("positive"):
+            assert seen.startswith("yes: " if ctl["sensitive"] else "no: "), (path.name, seen)
+            assert f"{ctl['positive']['mean']:+.3f}, detectable {ctl['mde']:.3f}" in seen
+        assert f"| {seen} | [{path.with_suffix('.md').name}]" in table
+    change = {"mean": 0.05, "ci95": [0.01, 0.09], "seeds": 3}
+    assert findings.SEEN["didpo"]({"controls": None}) == "not known: no positive control was run"
+    assert findings.SEEN["learning"]({"methods": {"grpo": {"paired_change": change}}}).startswith("yes")
+
+
 def test_every_finding_is_one_short_sentence():
     """Each row of the README's table: at most ``MAX_WORDS`` words, for every committed record
     and for a didpo and a mucode record at their longest (every interval, both controls)."""
-    said = [s for s, _ in findings.rows()]
+    said = [s for s, _, _ in findings.rows()]
     change = {"mean": -0.0123, "ci95": [-0.0456, -0.0011], "seeds": 3, "mde": 0.02}
     ctl = {"positive": change, "sensitive": False, "claim": change}
     said.append(findings.ROWS["didpo"]({"methods": {}, "controls": ctl}))

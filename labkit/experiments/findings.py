@@ -41,12 +41,15 @@ def _words(change: Mapping | None) -> str:
     return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))} over {change['seeds']} seeds, {verdict}"
 
 
-def _control(ctl: Mapping | None, what: str) -> str:
-    """The positive control's clause: whether the testbed could have seen the effect."""
+def _seen(ctl: Mapping | None, what: str) -> str:
+    """The "could this testbed see it?" cell: the verdict, the positive control's paired
+    change and the smallest effect the claim's design detects."""
     if not ctl or not ctl.get("positive"):
-        return "no positive control was run"
-    can = "can" if ctl.get("sensitive") else "cannot"
-    return f"positive control ({what}) {_num(ctl['positive']['mean'])}: this testbed {can} see it"
+        return "not known: no positive control was run"
+    mde = ctl.get("mde")
+    detect = f", detectable {mde:.3f}" if mde is not None and mde == mde else ""
+    return (f"{'yes' if ctl.get('sensitive') else 'no'}: {what} "
+            f"{_num(ctl['positive']['mean'])}{detect}")
 
 
 def _learning(r: Mapping) -> str:
@@ -60,7 +63,7 @@ def _paired_claim(subject: str, base: str, claim: str, control: str) -> Callable
         diff = (r.get("controls") or {}).get("claim")
         if diff is None and base in m and claim in m:
             diff = stats.difference(m[base]["paired_change"], m[claim]["paired_change"])
-        return f"{subject}: {_words(diff)}; {_control(r.get('controls'), control)}."
+        return f"{subject}: {_words(diff)}."
     return row
 
 
@@ -78,9 +81,8 @@ def _credit(r: Mapping) -> str:
 
 def _mucode(r: Mapping) -> str:
     rel, sel = r["controls"]["relabelling"], r["controls"]["selection"]
-    return (f"Expert iteration minus start: {_words(rel.get('claim'))}; "
-            f"{_control(rel, 'correct experts only')}. Verifier minus random pick: "
-            f"{_num((sel.get('claim') or {}).get('mean'))}.")
+    return (f"Expert iteration minus start, one sample: {_words(rel.get('claim'))}; learned "
+            f"verifier minus random pick: {_num((sel.get('claim') or {}).get('mean'))}.")
 
 
 ROWS: dict[str, Callable[[Mapping], str]] = {
@@ -93,6 +95,23 @@ ROWS: dict[str, Callable[[Mapping], str]] = {
     "mucode": _mucode,
 }
 """The experiment -> its sentence (:func:`table`)."""
+
+
+def _learning_seen(r: Mapping) -> str:
+    change = r["methods"].get("grpo", {}).get("paired_change")
+    if change and stats.shown(change):
+        return "yes: the effect itself is shown"
+    return "not known: no positive control was run"
+
+
+SEEN: dict[str, Callable[[Mapping], str]] = {
+    "learning": _learning_seen,
+    "reshaping": lambda r: _seen(r.get("controls"), "dense minus binary"),
+    "didpo": lambda r: _seen(r.get("controls"), "oracle hunk credit"),
+    "credit": lambda r: _seen(r.get("controls"), "oracle minus GRPO"),
+    "mucode": lambda r: _seen((r.get("controls") or {}).get("relabelling"), "correct experts only"),
+}
+"""The experiment -> its "could this testbed see it?" cell, from its positive control."""
 
 MAX_WORDS = 30
 """At most this many words in a finding's sentence (a test checks every row)."""
@@ -108,20 +127,25 @@ def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
     return out
 
 
-def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str]]:
-    """``(sentence, page file name)`` per record, in the order of :data:`ROWS`: the README's
-    table and the lab report's front page both show these."""
+def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str, str]]:
+    """``(sentence, could this testbed see it, page file name)`` per record, in the order of
+    :data:`ROWS`: the README's table and the lab report's front page both show these."""
     order = list(ROWS)
     found = sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
-    return [(ROWS[data["experiment"]](data), path.with_suffix(".md").name) for path, data in found]
+    return [(ROWS[data["experiment"]](data), SEEN[data["experiment"]](data),
+             path.with_suffix(".md").name) for path, data in found]
+
+
+SEEN_HEADER = "could this testbed see it?"
 
 
 def table(results_dir: str | Path = RESULTS, link_prefix: str = "docs/results/") -> str:
     """The markdown table of :func:`rows`."""
-    lines = ["| what the records say | page |", "|---|---|"]
-    lines += [f"| {said} | [{page}]({link_prefix}{page}) |" for said, page in rows(results_dir)]
+    lines = [f"| what the records say | {SEEN_HEADER} | page |", "|---|---|---|"]
+    lines += [f"| {said} | {seen} | [{page}]({link_prefix}{page}) |"
+              for said, seen, page in rows(results_dir)]
     if len(lines) == 2:
-        lines.append("| (no results recorded yet) | |")
+        lines.append("| (no results recorded yet) | | |")
     return "\n".join(lines)
 
 
