@@ -403,7 +403,8 @@ def cmd_lab(args) -> int:
     print(f"labkit lab: running the notebooks{' (smoke budget)' if args.smoke else ''} "
           "with papermill (kernel python3, --cwd notebooks)")
     try:
-        summary = run_lab(out=args.out, smoke=args.smoke, only=only or None, record_to=args.record)
+        summary = run_lab(out=args.out, smoke=args.smoke, only=only or None, record_to=args.record,
+                          jobs=args.jobs)
     except LabError as e:
         raise CLIError(str(e)) from None
     out = Path(summary["out"])
@@ -536,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--record", metavar="FILE",
                      help="append the notebooks' times and the machine's facts to FILE (JSON lines; "
                           "docs/benchmarks/lab.jsonl feeds the README's minutes)")
+    lab.add_argument("--jobs", type=int, default=1, metavar="N",
+                     help="notebooks run at once, each in its own kernel (default 1; more cores "
+                          "finish sooner, but the times are then not recorded)")
     lab.set_defaults(func=cmd_lab)
     return p
 

@@ -136,26 +136,49 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
 
 
 def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[str] | None = None,
-            report: bool = True, log_output: bool = False, record_to: str | Path | None = None) -> dict:
+            report: bool = True, log_output: bool = False, record_to: str | Path | None = None,
+            jobs: int = 1) -> dict:
     """Run the sequence (or ``only`` some notebooks) into ``out`` (default
     ``runs/lab-<UTC timestamp>``), write ``lab.json`` and ``report.html``; returns the summary.
     ``record_to``: also append the notebooks' times, with the machine's facts, as one JSON line
-    to that file (``docs/benchmarks/lab.jsonl``: the README's minutes come from it)."""
+    to that file (``docs/benchmarks/lab.jsonl``: the README's minutes come from it).
+    ``jobs``: notebooks executed at once (each in its own kernel; they share nothing but the
+    task cache). With more than one, a notebook's CPU seconds cannot be told apart (``None``;
+    the summary keeps the total) and its wall time is not its own, so nothing is recorded."""
+    if jobs < 1:
+        raise LabError(f"jobs must be >= 1, got {jobs}")
+    if jobs > 1 and record_to:
+        raise LabError("--record needs notebooks run one at a time (--jobs 1): run at once, "
+                       "their times are not their own")
     paths = notebooks(only)
     if out is None:
         out = REPO_ROOT / "runs" / time.strftime("lab-%Y%m%d-%H%M%S", time.gmtime())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    rows = []
-    for p in paths:
-        print(f"  {p.stem} ...", end="", flush=True)
+    started, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def one(p: Path) -> dict:
+        if jobs == 1:
+            print(f"  {p.stem} ...", end="", flush=True)
         row = run_notebook(p, out, smoke=smoke, log_output=log_output)
-        rows.append(row)
-        print(f" {row['status']} in {row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU s)"
+        if jobs > 1:
+            row["cpu_seconds"] = None
+        cpu = f" ({row['cpu_seconds']:.0f} CPU s)" if row["cpu_seconds"] is not None else ""
+        print(f"{'' if jobs == 1 else '  ' + p.stem} {row['status']} in {row['seconds']:.0f} s{cpu}"
               f"{'  (' + row['error'] + ')' if row['status'] != 'ok' else ''}", flush=True)
+        return row
+
+    if jobs == 1:
+        rows = [one(p) for p in paths]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:  # papermill's kernels are processes
+            rows = list(pool.map(one, paths))
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary = {"out": str(out), "smoke": smoke, "seconds": round(time.time() - started, 1),
-               "cpu_seconds": round(sum(r["cpu_seconds"] for r in rows), 1),
+               "cpu_seconds": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+               "jobs": jobs,
                "notebooks": rows, "failed": [r["notebook"] for r in rows if r["status"] != "ok"]}
     (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")
     if report:
@@ -254,7 +277,7 @@ def numbers_table(rows: Sequence[Mapping]) -> str:
                 else "none recorded")
         parts.append(f"<tr><td><a href='#{r['notebook']}'>{r['notebook']}</a></td>"
                      f"<td{cls}>{html.escape(r['status'])}</td><td>{r['seconds']}</td>"
-                     f"<td>{r.get('cpu_seconds', '')}</td><td>{link}</td></tr>")
+                     f"<td>{'' if r.get('cpu_seconds') is None else r['cpu_seconds']}</td><td>{link}</td></tr>")
     parts.append("</table>")
     return "\n".join(parts)
 

@@ -67,11 +67,12 @@ def toy_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke_lab(tmp_path_factory):
     """``make lab --smoke`` once per session: every notebook executed headless into one
-    folder with its numbers and the report (``labkit.lab.run_lab``); its summary."""
+    folder with its numbers and the report (``labkit.lab.run_lab``, two notebooks at once);
+    its summary."""
     from labkit import lab
 
     out = tmp_path_factory.mktemp("lab")
-    return lab.run_lab(out, smoke=True)
+    return lab.run_lab(out, smoke=True, jobs=2)  # two kernels: most notebooks use one thread
 
 
 @pytest.fixture(params=["shared-prefix", "flat"])
