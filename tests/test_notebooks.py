@@ -93,6 +93,15 @@ def test_record_rounds_and_refuses_nan(tmp_path):
         lab.record(tmp_path, "y", {"a": math.nan})
 
 
+def test_lab_jobs_are_checked(tmp_path):
+    """Notebooks run at once have no times of their own, so they are never recorded."""
+    with pytest.raises(lab.LabError, match="jobs must be >= 1"):
+        lab.run_lab(tmp_path, jobs=0)
+    with pytest.raises(lab.LabError, match="one at a time"):
+        lab.run_lab(tmp_path, jobs=2, record_to=tmp_path / "lab.jsonl")
+    assert not (tmp_path / "lab.jsonl").exists()
+
+
 def test_notebook_selection():
     assert [p.stem for p in lab.notebooks(["00", "05_training"])] == ["00_tour", "05_training"]
     with pytest.raises(lab.LabError, match="no notebook"):
@@ -162,8 +171,9 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     from labkit.experiments.findings import rows
 
     assert rows(), "docs/results holds no experiment record"
-    for said, name in rows():
-        assert f"{html.escape(said)} <code>docs/results/{name}</code>" in front, said
+    for said, seen, name in rows():
+        assert f"{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> " \
+               f"<code>docs/results/{name}</code>" in front, said
 
 
 def test_clear_outputs_strips(tmp_path):
@@ -401,18 +411,32 @@ def test_notebooks_show_their_exercises_as_registered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(__import__("labkit.exercises").exercises.EXERCISES)))
-def test_every_exercise_does_what_it_promises(index, tmp_path):
-    """Run the notebook at the exercise's parameters and at the defaults (same short budget):
-    the promised outcome holds after the change and not before it."""
+def test_every_exercise_does_what_it_promises(index, tmp_path, request):
+    """Run the notebook at the exercise's parameters and compare with a run at the defaults
+    (the suite's smoke run for a smoke exercise, else a run at the same short budget): the
+    promised outcome holds after the change and not before it."""
     from labkit.exercises import EXERCISES
 
     ex = EXERCISES[index]
     path = ROOT / "notebooks" / f"{ex.notebook}.ipynb"
-    base = lab.run_notebook(path, tmp_path / "base", parameters=dict(ex.budget))
-    tried = lab.run_notebook(path, tmp_path / "try", parameters={**ex.budget, **ex.parameters})
+    if ex.smoke:
+        smoke_lab = request.getfixturevalue("smoke_lab")
+        base = next(r for r in smoke_lab["notebooks"] if r["notebook"] == ex.notebook)
+    else:
+        base = lab.run_notebook(path, tmp_path / "base", parameters=dict(ex.budget))
+    tried = lab.run_notebook(path, tmp_path / "try", smoke=ex.smoke,
+                             parameters={**ex.budget, **ex.parameters})
     assert base["status"] == "ok" and tried["status"] == "ok", (base.get("error"), tried.get("error"))
     assert ex.not_before(base["numbers"]), f"the outcome already holds before the change: {base['numbers']}"
-    assert ex.check(tried["numbers"]), f"{ex.markdown()}\ngot {tried['numbers']}"
+    assert ex.check(tried["numbers"], base["numbers"]), f"{ex.markdown()}\ngot {tried['numbers']}"
+
+
+def test_a_smoke_exercise_takes_no_budget():
+    from labkit.exercises import Exercise
+
+    with pytest.raises(ValueError, match="smoke budget"):
+        Exercise("00_tour", {"seed": 1}, "", lambda n, b: True, lambda b: True,
+                 budget={"n_tasks": 2}, smoke=True)
 
 
 def test_saving_a_tracked_notebook_in_jupyter_strips_it(tmp_path):
