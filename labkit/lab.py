@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from labkit.figcheck import PLOTLY_MIME
 from labkit.machine import append_record
 from labkit.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 KERNEL = "python3"
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 

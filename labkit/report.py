@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from labkit.experiments.findings import rows as findings_rows
+from labkit.figcheck import PLOTLY_MIME
 from labkit.registry import Registry
 
 FRONT_TAG = "front-page"
@@ -34,7 +35,6 @@ FRONT_TAG = "front-page"
 FINDINGS: Registry = Registry("report finding")
 """``notebook name -> fn(numbers) -> list of sentences``."""
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
 def _f(x: Any, digits: int = 2) -> str:
