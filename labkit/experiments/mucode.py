@@ -388,9 +388,27 @@ def controls(summary: dict) -> dict:
 
     out["relabelling"] = stats.controls(change("ei_oracle"), change("sft_self"),
                                         change("expert_iteration"))
+    out["drop"] = _split_drop(change)
     turns = c.get("turns: multi-turn - single-turn (random)")
     out["multi_turn"] = {"gain": stats._compact(turns), "testable": bool(turns and stats.shown(turns)
                                                                            and turns["mean"] > 0)}
+    return out
+
+
+def _split_drop(change) -> dict:
+    """Expert iteration's change from the start, split by relabelling (each paired by seed and
+    task, :func:`labkit.experiments.stats.difference`): ``fine_tune`` = correct experts only
+    minus the start (what fine-tuning on right labels costs or gives), ``wrong_labels`` =
+    expert iteration minus correct experts only (the same loop, the verifier's experts instead
+    of correct ones), ``filter`` = the filtered form minus expert iteration (what the
+    public-test filter wins back)."""
+    ei, oracle, filtered = change("expert_iteration"), change("ei_oracle"), change("ei_filtered")
+    out = {"fine_tune": stats._compact(oracle) if oracle else None,
+           "wrong_labels": None, "filter": None}
+    if ei and oracle:
+        out["wrong_labels"] = stats._compact(stats.difference(oracle, ei))
+    if ei and filtered:
+        out["filter"] = stats._compact(stats.difference(ei, filtered))
     return out
 
 
@@ -477,6 +495,12 @@ def figure(r: dict, out: Path):
     return pages.save_figure(fig, out, "mucode", width=1000, height=550)
 
 
+def _verdict_points(change) -> str:
+    """:func:`labkit.experiments.stats.verdict` with the detectable difference in points."""
+    mde = change.get("mde")
+    return stats.verdict({**change, "mde": None if mde is None else 100 * mde}, " points")
+
+
 def _pts(change) -> str:
     """``+4.7 [+4.1, +5.3]`` points, or n/a."""
     if not change:
@@ -512,6 +536,16 @@ def render(r: dict) -> str:
                                    negative="own correct samples - start",
                                    claim="expert iteration - start",
                                    unable="this harness cannot see better relabelling"), ""]
+    drop = ctl.get("drop") or {}
+    if drop.get("wrong_labels"):
+        parts = [("fine-tuning on correct experts only (`ei_oracle` - start)", drop.get("fine_tune")),
+                 ("wrong labels (`expert_iteration` - `ei_oracle`)", drop["wrong_labels"]),
+                 ("the public-test filter (`ei_filtered` - `expert_iteration`)", drop.get("filter"))]
+        lines += ["Expert iteration's change from the start on one sample, split by what it "
+                  "relabels with (points, paired by seed and task):", ""]
+        lines += [f"- {what}: {_pts(ch)}, " + (_verdict_points(ch) if ch else "n/a")
+                  for what, ch in parts]
+        lines.append("")
     gain = ctl["multi_turn"]["gain"]
     lines += ["### Multi-turn repair", "",
               f"Multi-turn minus single-turn for the starting model (random pick): {_pts(gain)} points, "
