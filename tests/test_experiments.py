@@ -388,12 +388,19 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     for conds in res["generators"].values():
         change = conds["single-turn, N=1"]["paired_change"]
         assert change["over"] == "seeds" and change["seeds"] == 2 and change["tasks"] == 4
-    assert set(res["controls"]) == {"selection", "relabelling", "multi_turn"}
+    assert set(res["controls"]) == {"selection", "relabelling", "multi_turn", "drop"}
     assert "sensitive" in res["controls"]["relabelling"]
     relabel = {g: json.loads((tmp_path / "runs" / "seed0" / g / "config.json").read_text())["relabel"]
                for g in res["generators"]}
     assert relabel == {"expert_iteration": "verifier", "ei_filtered": "verifier_public",
                        "ei_oracle": "oracle", "sft_self": "self"}
+    # the drop's split: expert iteration minus correct experts only, seed by seed
+    one = {g: res["generators"][g]["single-turn, N=1"]["paired_change"]["per_seed"]
+           for g in ("expert_iteration", "ei_oracle")}
+    wrong = res["controls"]["drop"]["wrong_labels"]
+    assert wrong["mean"] == pytest.approx(statistics.fmean(
+        one["expert_iteration"][s] - one["ei_oracle"][s] for s in one["ei_oracle"]))
+    assert "wrong labels (`expert_iteration` - `ei_oracle`)" in (tmp_path / "mucode.md").read_text()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2

@@ -1,7 +1,6 @@
 """The GRPO trainer on toy tasks: it learns in the right direction, logs, emits events,
 checkpoints, and resumes exactly after SIGKILL."""
 
-import hashlib
 import json
 import os
 import signal
@@ -266,7 +265,8 @@ GOLDEN = Path(__file__).parent / "fixtures" / "golden_trainer_runs.json"
 def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, tmp_path, estimator):
     """Two steps of a fixed-seed run on the toy model: every sampled token, reward and
     (rounded) per-token advantage equal the ones recorded before the estimator interface was
-    redesigned (tests/fixtures/golden_trainer_runs.json): behaviour stayed the same."""
+    redesigned (tests/fixtures/golden_trainer_runs.json), and the update the steps made equals
+    the recorded one to 0.1%: behaviour stayed the same."""
     fork = {"fraction": 0.5, "budget": 2} if estimator == "didpo_fork" else {}
     cfg = from_dict(TrainConfig, {
         "run_dir": str(tmp_path / estimator), "seed": 11, "steps": 2, "tasks_per_step": 2,
@@ -276,6 +276,7 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
         "loss": {"kl_coef": 0.01, "micro_batch_size": 3}, "optim": {"lr": 1e-3},
         "eval_every": 0, "checkpoint_every": 5, "log_rollouts": -1})
     tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    start = [p.detach().clone() for p in tr.params]
     tr.train(progress=False)
     tr.close()
     recs = [json.loads(line) for line in (tmp_path / estimator / "rollouts.jsonl").read_text().splitlines()]
@@ -284,12 +285,26 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     want = json.loads(GOLDEN.read_text())[estimator]
     assert [g[:4] for g in got] == [w[:4] for w in want]  # the same tokens
     assert [g[4:] for g in got] == [w[4:] for w in want]  # the same rewards and credit
-    # the same trained weights as the trainer wrote before its credit stages became one
-    # pipeline and its fork hooks a rollout stage
-    h = hashlib.sha256()
-    for p in tr.params:
-        h.update(p.detach().to(torch.float32).contiguous().numpy().tobytes())
-    assert h.hexdigest()[:16] == json.loads(GOLDEN.read_text())["weights_digest"][estimator]
+    # the same update: per parameter tensor, the L1 norm and the sum of the change the two
+    # steps made, to 0.1%. An exact digest of the weights held across refactors on one
+    # machine, but another thread count or CPU moves single weights by up to 5e-6 and these
+    # sums by 5e-7 (relative); a learning rate 10% larger moves them 10%, a KL coefficient ten
+    # times larger 0.15% (two steps from the reference leave little KL).
+    got_update = update_fingerprint(start, tr.params)
+    want_update = json.loads(GOLDEN.read_text())["update_fingerprint"][estimator]
+    assert len(got_update) == len(want_update)
+    for (l1, total), (want_l1, want_total) in zip(got_update, want_update, strict=True):
+        assert l1 == pytest.approx(want_l1, rel=1e-3)
+        assert abs(total - want_total) <= 1e-3 * want_l1
+
+
+def update_fingerprint(start, params) -> list[list[float]]:
+    """Per parameter tensor: ``[sum |w - w0|, sum (w - w0)]`` in float64."""
+    out = []
+    for w0, w in zip(start, params, strict=True):
+        delta = w.detach().double() - w0.double()
+        out.append([float(delta.abs().sum()), float(delta.sum())])
+    return out
 
 
 def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_model_dir, tmp_path):
