@@ -272,8 +272,7 @@ def notebooks(path: str | Path = LAB_RECORDS, tests: str | Path = TEST_RECORDS) 
             install = f", {_minutes(r['install_seconds'])} of them installing" if r.get("install_seconds") else ""
             total = r["seconds"] + (r.get("install_seconds") or 0)
             said.append(f"`make test` {_minutes(total)} minutes {label}{install} ({_machine(r)})")
-    lines += ["", "Measured: " + "; ".join(said) + " (records in `docs/benchmarks/`, both commands "
-              "install first when `.venv` is missing)."]
+    lines += ["", "Measured: " + "; ".join(said) + " (records in `docs/benchmarks/`)."]
     return "\n".join(lines)
 
 
