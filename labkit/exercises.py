@@ -59,8 +59,7 @@ EXERCISES: tuple[Exercise, ...] = (
         "each rollout is forked at one position at most (`positions_per_rollout_max` is 1), so "
         "there are no more forks than rollouts and far fewer positions with a measured dR.",
         check=lambda n, _: n["positions_per_rollout_max"] == 1 and n["forks"] <= n["rollouts"],
-        not_before=lambda n: n["positions_per_rollout_max"] > 1,
-        budget={"n_tasks": 2, "group_size": 2, "max_new_tokens": 160}),
+        not_before=lambda n: n["positions_per_rollout_max"] > 1, smoke=True),
     Exercise(
         "01_tasks_and_sandbox", {"reference_id": "HumanEval/23"},
         "`strlen` is one line, `return len(string)`: fewer than half the bug operators find a "
