@@ -27,13 +27,12 @@ import html
 import json
 import math
 import re
-import resource
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from labkit.figcheck import PLOTLY_MIME
-from labkit.machine import append_record
+from labkit.machine import append_record, cpu_seconds
 from labkit.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +113,7 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
     params = {"smoke": bool(smoke), "out_dir": str(out_dir.resolve()), **(parameters or {})}
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = cpu_seconds()
     row = {"notebook": path.stem, "smoke": bool(smoke)}
     try:
         pm.execute_notebook(str(path), str(out_dir / path.name), parameters=params,
@@ -126,10 +125,9 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
         last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
         row["error"] = f"{type(e).__name__}: {last}"
     row["seconds"] = round(time.time() - started, 1)
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU seconds of the kernel and everything it started (sandbox workers, ruff, torchrun),
     # once they have exited: on a busy machine, a better guide to the cost than wall time.
-    row["cpu_seconds"] = round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1)
+    row["cpu_seconds"] = round(cpu_seconds() - cpu0, 1)
     numbers = out_dir / f"{path.stem}.json"
     row["numbers"] = json.loads(numbers.read_text()) if numbers.is_file() else None
     return row
@@ -155,7 +153,7 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
         out = REPO_ROOT / "runs" / time.strftime("lab-%Y%m%d-%H%M%S", time.gmtime())
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    started, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started, cpu0 = time.time(), cpu_seconds()
 
     def one(p: Path) -> dict:
         if jobs == 1:
@@ -175,9 +173,8 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:  # papermill's kernels are processes
             rows = list(pool.map(one, paths))
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     summary = {"out": str(out), "smoke": smoke, "seconds": round(time.time() - started, 1),
-               "cpu_seconds": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+               "cpu_seconds": round(cpu_seconds() - cpu0, 1),
                "jobs": jobs,
                "notebooks": rows, "failed": [r["notebook"] for r in rows if r["status"] != "ok"]}
     (out / "lab.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,14 @@ def facts() -> dict:
     return {"cores": os.cpu_count(), "load_1min": round(load, 2) if load is not None else None,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
+
+
+def cpu_seconds(own: bool = False) -> float:
+    """User + system CPU seconds of the children that have exited (notebook kernels, sandbox
+    workers, browsers, torchrun), plus this process's own with ``own``; the difference of two
+    readings is the CPU a piece of work cost, and over the cores a floor on its wall time."""
+    who = (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF) if own else (resource.RUSAGE_CHILDREN,)
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, who))
 
 
 def append_record(path: str | Path, record: Mapping) -> dict:

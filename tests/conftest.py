@@ -109,17 +109,10 @@ _STARTED: dict = {}
 
 def pytest_sessionstart(session):
     from labkit.env.tasks import cache_dir
+    from labkit.machine import cpu_seconds
 
-    _STARTED.update(t0=time.time(), cpu0=_cpu_seconds(), fresh=not any(cache_dir().glob("*.jsonl")))
+    _STARTED.update(t0=time.time(), cpu0=cpu_seconds(own=True), fresh=not any(cache_dir().glob("*.jsonl")))
 
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have exited (sandbox workers,
-    notebook kernels, JupyterLab, Chromium, torchrun): over the cores, a floor on wall time."""
-    import resource
-
-    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def pytest_runtest_logreport(report):
@@ -132,7 +125,7 @@ def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("LABKIT_TEST_RECORD")
     if not path or not _STARTED:
         return
-    from labkit.machine import append_record
+    from labkit.machine import append_record, cpu_seconds
 
     slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:15]
     args = session.config.invocation_params.args
@@ -142,7 +135,7 @@ def pytest_sessionfinish(session, exitstatus):
         "kind": "tests", "command": "pytest " + " ".join(args),
         "suite": os.environ.get("LABKIT_TEST_SUITE") or ("full" if whole else "part"),
         "seconds": round(time.time() - _STARTED["t0"], 1),
-        "cpu_seconds": round(_cpu_seconds() - _STARTED["cpu0"], 1), "fresh_task_cache": _STARTED["fresh"],
+        "cpu_seconds": round(cpu_seconds(own=True) - _STARTED["cpu0"], 1), "fresh_task_cache": _STARTED["fresh"],
         "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
         "exit_status": int(exitstatus), "outcomes": dict(_OUTCOMES),
         "slowest": [{"test": k, "seconds": round(v, 1)} for k, v in slowest]})

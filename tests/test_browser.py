@@ -23,6 +23,7 @@ import json
 import re
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -159,18 +160,27 @@ def browser(lab):
         chromium.close()
 
 
-@pytest.fixture
-def notebook(browser, lab, tmp_path):
-    """A page of the lab; afterwards every kernel is shut down and uncaught page errors
-    fail the test."""
-    context = browser.new_context(viewport={"width": 1500, "height": 1800})
+@contextmanager
+def _notebook_page(browser, lab: LabServer, tmp_path: Path, width: int = 1500, height: int = 1800):
+    """A page of the lab in a ``width`` x ``height`` viewport; afterwards every kernel is shut
+    down and uncaught page errors fail the test."""
+    context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(60_000)
     nb = NotebookPage(page, lab, shot_folders(tmp_path))
-    yield nb
-    context.close()
-    _shutdown_kernels(lab)
+    try:
+        yield nb
+    finally:
+        context.close()
+        _shutdown_kernels(lab)
     assert not nb.errors, f"uncaught page errors: {nb.errors}"
+
+
+@pytest.fixture
+def notebook(browser, lab, tmp_path):
+    """A page of the lab (:func:`_notebook_page`, a tall viewport)."""
+    with _notebook_page(browser, lab, tmp_path) as nb:
+        yield nb
 
 
 def _shutdown_kernels(lab: LabServer) -> None:
@@ -289,11 +299,8 @@ def test_dashboard_follows_training_and_stop_stops_it(notebook):
 def test_inspector_columns_can_be_seen_at_1280x800(browser, lab, tmp_path):
     """On a 1280x800 screen the AdvantageInspector's advantage columns sit in view or in a
     box that scrolls them into view, never cut off by the page."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    nb = NotebookPage(page, lab, shot_folders(tmp_path))
-    try:
+    with _notebook_page(browser, lab, tmp_path, 1280, 800) as nb:
+        page = nb.page
         nb.open("gen_inspector.ipynb")
         nb.run_all()
         page.locator(".labkit-inspector-table table").first.wait_for()
@@ -315,10 +322,6 @@ def test_inspector_columns_can_be_seen_at_1280x800(browser, lab, tmp_path):
                   or c["left"] < max(c["box_left"], 0) - 1]
         assert not hidden, f"columns that cannot be brought into view: {hidden}"
         nb.screenshot(".labkit-inspector", "advantage_inspector.png")
-    finally:
-        context.close()
-        _shutdown_kernels(lab)
-    assert not nb.errors, f"uncaught page errors: {nb.errors}"
 
 
 def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):

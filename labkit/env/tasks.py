@@ -327,21 +327,17 @@ def _from_cached_draws(spec: TaskSpec, cache_file: Path, runner: Runner | None,
     """The tasks of ``spec`` (synthetic) from a cached draw of the same spec with another
     ``n``: the first ``n`` problems' tasks of a longer one, or a shorter one extended by
     building the problems beyond it; built whole when neither is cached."""
-    draws = {}
-    for file in cache_file.parent.glob(_draw_pattern(cache_file)):
-        n = _draw_size(file)
-        if n is not None and n != spec.n:
-            draws[n] = file
-    longer = sorted(n for n in draws if n > spec.n)
-    for n in longer[:1]:
-        cached = _read_cache(draws[n])
-        if cached is not None:
-            ids = {p.problem_id for p in _problems(spec)}
-            return [t for t in cached if t.problem_id in ids]
-    for n in sorted((n for n in draws if n < spec.n), reverse=True)[:1]:
-        cached = _read_cache(draws[n])
-        if cached is not None:
-            return cached + _injected_tasks(spec, runner, progress, skip=n)
+    draws = {n: f for f in cache_file.parent.glob(_draw_pattern(cache_file))
+             if (n := _draw_size(f)) is not None}
+    longer = min((n for n in draws if n > spec.n), default=None)
+    cached = _read_cache(draws[longer]) if longer is not None else None
+    if cached is not None:
+        ids = {p.problem_id for p in _problems(spec)}
+        return [t for t in cached if t.problem_id in ids]
+    shorter = max((n for n in draws if n < spec.n), default=None)
+    cached = _read_cache(draws[shorter]) if shorter is not None else None
+    if cached is not None:
+        return cached + _injected_tasks(spec, runner, progress, skip=shorter)
     return _injected_tasks(spec, runner, progress)
 
 

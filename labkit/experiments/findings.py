@@ -247,6 +247,11 @@ def _machine(rec: Mapping) -> str:
     return f"{m.get('cores')} cores, load {m.get('load_1min')}"
 
 
+def _outcomes(rec: Mapping) -> str:
+    """``789 passed`` or ``4 failed, 785 passed``: a test record's outcomes."""
+    return ", ".join(f"{v} {k}" for k, v in sorted(rec["outcomes"].items()))
+
+
 def _cores(rec: Mapping) -> int:
     return int(rec.get("machine", {}).get("cores") or 1)
 
@@ -292,18 +297,16 @@ def test_durations(path: str | Path = TEST_RECORDS) -> str:
             lines += [f"**{label}**: not recorded.", ""]
             continue
         r = runs[-1]
-        outcomes = ", ".join(f"{v} {k}" for k, v in sorted(r["outcomes"].items()))
         install = f" + {r['install_seconds']:.0f} s installing" if r.get("install_seconds") else ""
         cpu = (f"; {r['cpu_seconds']:.0f} CPU s, so at least {r['cpu_seconds'] / _cores(r):.0f} s "
                f"on {_cores(r)} cores however it is split" if r.get("cpu_seconds") else "")
-        lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({outcomes}; "
+        lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({_outcomes(r)}; "
                   f"{_machine(r)}{cpu}). Slowest:", "", "| test | seconds |", "|---|---|"]
         lines += [f"| `{t['test']}` | {t['seconds']:.0f} |" for t in r["slowest"][:10]] + [""]
     fast = _suite(records, "fast")
     if fast:
         r = fast[-1]
-        outcomes = ", ".join(f"{v} {k}" for k, v in sorted(r["outcomes"].items()))
-        lines.append(f"**fast tier** (`make test-fast`): {r['seconds']:.0f} s ({outcomes}; "
+        lines.append(f"**fast tier** (`make test-fast`): {r['seconds']:.0f} s ({_outcomes(r)}; "
                      f"{'fresh' if r.get('fresh_task_cache') else 'warm'} task cache; {_machine(r)}).")
     else:
         lines.append("**fast tier** (`make test-fast`): not recorded.")

@@ -403,13 +403,9 @@ def _split_drop(change) -> dict:
     of correct ones), ``filter`` = the filtered form minus expert iteration (what the
     public-test filter wins back)."""
     ei, oracle, filtered = change("expert_iteration"), change("ei_oracle"), change("ei_filtered")
-    out = {"fine_tune": stats._compact(oracle) if oracle else None,
-           "wrong_labels": None, "filter": None}
-    if ei and oracle:
-        out["wrong_labels"] = stats._compact(stats.difference(oracle, ei))
-    if ei and filtered:
-        out["filter"] = stats._compact(stats.difference(ei, filtered))
-    return out
+    return {"fine_tune": stats._compact(oracle),
+            "wrong_labels": stats._compact(ei and oracle and stats.difference(oracle, ei)),
+            "filter": stats._compact(ei and filtered and stats.difference(ei, filtered))}
 
 
 def run(cfg: Config) -> Path:
