@@ -3,6 +3,7 @@ pages rendered from their JSON (the committed ones included), and each experimen
 on a tiny budget (the code path of the real one)."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import sys
 import pytest
 from pathlib import Path
 
+from labkit.config import to_record
 from labkit.experiments import load
 from labkit.experiments.findings import table as findings_table
 
@@ -296,6 +298,43 @@ def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     assert res["methods"]["raw_grpo"]["zero_std_frac"] is not None
     assert "dense - binary feedback" in (tmp_path / "reshaping.md").read_text()
     assert "Reshaped minus raw GRPO" in findings_table(tmp_path)
+
+    # A new method beside the recorded ones: only it trains, the rest come from the record,
+    # and it is compared task by task with them.
+    again = [s for s in sets if not s.startswith(("methods=", "out=", "run_root="))]
+    again += ["methods=[raw_grpo,reshaped_full,full-amplify]", f"out={tmp_path / 'again'}",
+              f"run_root={tmp_path / 'runs2'}", f"reuse_recorded={tmp_path / 'reshaping.json'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "reshaping"] + [a for s in again for a in ("--set", s)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res2 = json.loads((tmp_path / "again" / "reshaping.json").read_text())
+    assert sorted(os.listdir(tmp_path / "runs2" / "reshaping")) == ["full-amplify"]
+    assert res2["recorded"] == {m: str(tmp_path / "reshaping.json") for m in ("raw_grpo", "reshaped_full")}
+    for m in ("raw_grpo", "reshaped_full"):
+        assert res2["methods"][m] == res["methods"][m]
+    assert res2["paired"]["start"] == res["paired"]["start"]  # the same start, evaluated again
+    assert "full-amplify - reshaped_full" in (tmp_path / "again" / "reshaping.md").read_text()
+
+
+def test_a_record_of_another_setting_is_refused(tmp_path):
+    from labkit.experiments.runs import recorded_methods
+
+    reshaping = load("reshaping")
+    record = {"experiment": "reshaping", "config": to_record(reshaping.Config(steps=7)),
+              "setting": {"model_sha256": "abc"}, "methods": {"raw_grpo": {"paired_change": {
+                  "per_task": {"0": [0.0], "1": [0.0], "2": [1.0]}}}}}
+    path = tmp_path / "reshaping.json"
+    path.write_text(json.dumps(record))
+    assert recorded_methods(reshaping.Config(), "reshaping", "abc") == {}  # not asked for
+    ours = reshaping.Config(reuse_recorded=str(path), methods=("raw_grpo", "full-focus"))
+    with pytest.raises(ValueError, match="differs in steps"):
+        recorded_methods(ours, "reshaping", "abc")
+    ours.steps = 7
+    with pytest.raises(ValueError, match="other weights"):
+        recorded_methods(ours, "reshaping", "xyz")
+    assert list(recorded_methods(ours, "reshaping", "abc")) == ["raw_grpo"]
+    ours.seeds = (0, 3)  # a seed the record lacks: trained, not taken
+    assert recorded_methods(ours, "reshaping", "abc") == {}
 
 
 def test_reshaping_methods_switch_off_one_component_each():

@@ -129,6 +129,13 @@ class ExperimentConfig:
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint
     (:func:`prepare_run_dir`)."""
+    reuse_recorded: str | None = None
+    """An earlier results JSON of the same experiment (e.g. ``docs/results/reshaping.json``):
+    a method it records with every seed asked for, made with this same config (which methods,
+    where reports and runs go and how runs are watched aside) from the same starting weights,
+    is taken from it instead of trained again, its per-task paired changes included, so new
+    methods are compared task by task with it (:func:`labkit.experiments.runs.recorded_methods`).
+    Runs found in ``run_root`` come first."""
 
 
 SYNTHETIC_TEST_TIMEOUT_S = 0.25

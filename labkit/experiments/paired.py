@@ -202,7 +202,8 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     trained on ``val`` templates, also without the held-out tasks a trained-on reference
     solves (``paired_clean``) and on new instances of the trained templates
     (``paired_trained``). Returns the raw paired evaluation of ``split``."""
-    methods = methods or list(results["methods"])
+    recorded = results.get("recorded", {})  # their paired changes came with them
+    methods = methods or [m for m in results["methods"] if m not in recorded]
     tasks = paired_list(exp)
     proto = Protocol.of(exp)
     runs = [(s["seed"], s["run_dir"]) for m in methods for s in results["methods"][m]["seeds"]]

@@ -35,6 +35,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
+    recorded = recorded_methods(exp, name, weights)
     for method, make in methods.items():
         per_seed = []
         for seed in exp.seeds:
@@ -49,6 +50,8 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                     done = run_dir
                 elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
                     done = alias
+            if not done and method in recorded:
+                break
             if done:
                 per_seed.append(summarise_run(done, seed, upto=cfg.steps))
                 print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
@@ -65,10 +68,49 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
-        results["methods"][method] = summarise_method(per_seed)
+        else:
+            results["methods"][method] = summarise_method(per_seed)
+            continue
+        results["methods"][method] = recorded[method]
+        results.setdefault("recorded", {})[method] = exp.reuse_recorded
+        print(f"{method}: taken from {exp.reuse_recorded} (its runs are not in {exp.run_root})",
+              flush=True)
     results["setting"] = setting(exp, weights)
     results["seeds"] = list(exp.seeds)
     return results
+
+
+NOT_TRAINING = frozenset({"methods", "seeds", "out", "run_root", "report_to", "reuse_finished",
+                          "reuse_recorded"})
+"""Experiment fields that do not change what a method's runs train or how they are read
+(seeds: a record stands for a method only when it holds every seed asked for)."""
+
+
+def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> dict[str, dict]:
+    """The methods of ``exp.reuse_recorded`` (a results JSON) that can stand for runs of
+    ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` (a field the record
+    lacks counts as its default), same starting weights, every seed of ``exp.seeds`` with its
+    per-task paired changes. A record that is not of this setting is an error, not skipped."""
+    if not exp.reuse_recorded:
+        return {}
+    path = Path(exp.reuse_recorded)
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"reuse_recorded: cannot read {path} ({e}); give a results JSON") from e
+    ours, default = to_record(exp), to_record(type(exp)())
+    theirs = {**{k: v for k, v in default.items()}, **rec.get("config", {})}
+    differ = sorted(k for k in ours if k not in NOT_TRAINING
+                    and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
+    if rec.get("experiment") != name or differ:
+        raise ValueError(f"reuse_recorded: {path} is not a {name!r} run of this config "
+                         f"(differs in {', '.join(differ) or 'experiment'}); drop the option or "
+                         "set the fields as recorded")
+    if rec.get("setting", {}).get("model_sha256") != weights:
+        raise ValueError(f"reuse_recorded: {path} started from other weights than {exp.policy!r}")
+    want = {str(s) for s in exp.seeds}
+    return {m: r for m, r in rec["methods"].items()
+            if want <= set(r.get("paired_change", {}).get("per_task", {}))}
 
 
 def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
@@ -240,8 +282,11 @@ def summarise_method(per_seed: list[dict]) -> dict:
 def training_record(results: dict) -> None:
     """Per method, means over its runs' logged steps: ``abs_adv_per_token`` (mean ``|A|`` per
     token, ``adv/abs_token_mean``), ``grad_norm`` (before clipping) and ``zero_std_frac`` (the
-    share of groups whose rewards were all equal: no advantage at all)."""
-    for r in results["methods"].values():
+    share of groups whose rewards were all equal: no advantage at all). Methods taken from
+    a record (``results["recorded"]``) keep the figures it holds."""
+    for m, r in results["methods"].items():
+        if m in results.get("recorded", {}):
+            continue
         rows = [row for s in r["seeds"] for row in RunFolder(s["run_dir"]).read("metrics.jsonl")]
         for key, name in (("adv/abs_token_mean", "abs_adv_per_token"), ("grad/norm", "grad_norm"),
                           ("adv/zero_std_frac", "zero_std_frac")):
