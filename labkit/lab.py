@@ -156,17 +156,18 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
     started, cpu0 = time.time(), cpu_seconds()
 
     def one(p: Path) -> dict:
-        if jobs == 1:
+        if jobs == 1:  # one at a time: the name now, the outcome on the same line
             print(f"  {p.stem} ...", end="", flush=True)
         row = run_notebook(p, out, smoke=smoke, log_output=log_output)
-        if jobs > 1:
+        if jobs > 1:  # this process's CPU time is every running notebook's, not this one's
             row["cpu_seconds"] = None
+        name = "" if jobs == 1 else f"  {p.stem}"
         cpu = f" ({row['cpu_seconds']:.0f} CPU s)" if row["cpu_seconds"] is not None else ""
-        print(f"{'' if jobs == 1 else '  ' + p.stem} {row['status']} in {row['seconds']:.0f} s{cpu}"
-              f"{'  (' + row['error'] + ')' if row['status'] != 'ok' else ''}", flush=True)
+        error = f"  ({row['error']})" if row["status"] != "ok" else ""
+        print(f"{name} {row['status']} in {row['seconds']:.0f} s{cpu}{error}", flush=True)
         return row
 
-    if jobs == 1:
+    if jobs == 1:  # in this thread, so Ctrl-C stops the notebook running
         rows = [one(p) for p in paths]
     else:
         from concurrent.futures import ThreadPoolExecutor

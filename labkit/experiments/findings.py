@@ -41,11 +41,15 @@ def _words(change: Mapping | None) -> str:
     return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))} over {change['seeds']} seeds, {verdict}"
 
 
+UNKNOWN = "not known: no positive control was run"
+"""The "could this testbed see it?" cell of an experiment without a positive control."""
+
+
 def _seen(ctl: Mapping | None, what: str) -> str:
     """The "could this testbed see it?" cell: the verdict, the positive control's paired
     change and the smallest effect the claim's design detects."""
     if not ctl or not ctl.get("positive"):
-        return "not known: no positive control was run"
+        return UNKNOWN
     mde = ctl.get("mde")
     detect = f", detectable {mde:.3f}" if mde is not None and mde == mde else ""
     return (f"{'yes' if ctl.get('sensitive') else 'no'}: {what} "
@@ -101,7 +105,7 @@ def _learning_seen(r: Mapping) -> str:
     change = r["methods"].get("grpo", {}).get("paired_change")
     if change and stats.shown(change):
         return "yes: the effect itself is shown"
-    return "not known: no positive control was run"
+    return UNKNOWN
 
 
 SEEN: dict[str, Callable[[Mapping], str]] = {
