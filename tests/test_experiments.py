@@ -335,6 +335,11 @@ def test_a_record_of_another_setting_is_refused(tmp_path):
     assert list(recorded_methods(ours, "reshaping", "abc")) == ["raw_grpo"]
     ours.seeds = (0, 3)  # a seed the record lacks: trained, not taken
     assert recorded_methods(ours, "reshaping", "abc") == {}
+    # fields that only add methods (didpo's scale-matched and equal-wall rows) may differ
+    didpo = load("didpo")
+    record.update(experiment="didpo", config=to_record(didpo.Config(scale_matched=(), equal_wall=False)))
+    path.write_text(json.dumps(record))
+    assert list(recorded_methods(didpo.Config(reuse_recorded=str(path)), "didpo", "abc")) == ["raw_grpo"]
 
 
 def test_reshaping_methods_switch_off_one_component_each():

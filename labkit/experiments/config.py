@@ -11,6 +11,7 @@ import dataclasses
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from labkit.config import from_dict
 from labkit.loops.trainer import TrainConfig
@@ -22,6 +23,10 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 @dataclass
 class ExperimentConfig:
     """Shared budget of an experiment (every method gets the same)."""
+
+    METHOD_FIELDS: ClassVar[tuple[str, ...]] = ("methods",)
+    """Fields that choose which methods run, not how any one of them trains (``methods`` is
+    declared by each experiment's config; ``reuse_recorded`` compares everything else)."""
 
     seeds: tuple[int, ...] = (0, 1, 2)
     """Training seeds; every method trains once per seed (``TrainConfig.seed``: sampling,

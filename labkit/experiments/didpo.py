@@ -39,6 +39,8 @@ TITLE = "Diff-level credit on multi-hunk repairs: GRPO, DiDPO, DiDPO-fork and an
 class Config(ExperimentConfig):
     """The shared budget, the methods, and the controls."""
 
+    METHOD_FIELDS = ("methods", "scale_matched", "equal_wall", "cost_rounds")
+
     train_split: str = "val"
     """Trained on the ``val`` templates (never in the shipped model's SFT data)."""
     train_problems: int = 1000

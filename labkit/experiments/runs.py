@@ -80,15 +80,16 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     return results
 
 
-NOT_TRAINING = frozenset({"methods", "seeds", "out", "run_root", "report_to", "reuse_finished",
-                          "reuse_recorded"})
+NOT_TRAINING = frozenset({"seeds", "out", "run_root", "report_to", "reuse_finished", "reuse_recorded"})
 """Experiment fields that do not change what a method's runs train or how they are read
-(seeds: a record stands for a method only when it holds every seed asked for)."""
+(seeds: a record stands for a method only when it holds every seed asked for), beside the
+config's ``METHOD_FIELDS``, which pick the methods."""
 
 
 def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> dict[str, dict]:
     """The methods of ``exp.reuse_recorded`` (a results JSON) that can stand for runs of
-    ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` (a field the record
+    ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` and the fields that
+    pick the methods (``METHOD_FIELDS``; a field the record
     lacks counts as its default), same starting weights, every seed of ``exp.seeds`` with its
     per-task paired changes. A record that is not of this setting is an error, not skipped."""
     if not exp.reuse_recorded:
@@ -100,7 +101,8 @@ def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> dict[str
         raise ValueError(f"reuse_recorded: cannot read {path} ({e}); give a results JSON") from e
     ours, default = to_record(exp), to_record(type(exp)())
     theirs = {**{k: v for k, v in default.items()}, **rec.get("config", {})}
-    differ = sorted(k for k in ours if k not in NOT_TRAINING
+    skip = NOT_TRAINING | set(exp.METHOD_FIELDS)
+    differ = sorted(k for k in ours if k not in skip
                     and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
     if rec.get("experiment") != name or differ:
         raise ValueError(f"reuse_recorded: {path} is not a {name!r} run of this config "
