@@ -41,15 +41,19 @@ lab: libseccomp $(STAMP)
 	$(PY) -m labkit lab $(LAB_ARGS)
 
 # Chromium first: a missing browser that cannot be installed stops before the long venv build.
+# Two pytest workers (pytest-xdist), one per core: the tests that share the smoke lab or the
+# browser stay on one worker (conftest.py groups them), the rest are spread.
+PYTEST := $(PY) -m pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
+
 test: chromium libseccomp $(STAMP) $(VERL_STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # `make test` that also appends its durations (install included) to the committed record
 # docs/benchmarks/tests.jsonl, read by docs/benchmarks.md's generated table.
 test-record:
 	t0=$$(date +%s); $(MAKE) chromium libseccomp $(STAMP) $(VERL_STAMP) && \
 	LABKIT_INSTALL_SECONDS=$$(( $$(date +%s) - t0 )) LABKIT_TEST_RECORD=docs/benchmarks/tests.jsonl \
-		$(PY) -m pytest -q
+		$(PYTEST)
 
 # The inner loop: the unit tests of the floors env, policy, credit and loops, without the tests
 # marked slow (end-to-end runs, large property checks) or browser. `make test` runs everything.
@@ -59,12 +63,12 @@ FAST_TESTS := $(addprefix tests/test_,$(addsuffix .py,bugs tasks sandbox sandbox
 	stats layering))
 
 test-fast: libseccomp $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not browser" $(FAST_TESTS)
+	$(PYTEST) -m "not slow and not browser" $(FAST_TESTS)
 
 # `make test-fast` that also appends its durations to docs/benchmarks/tests.jsonl.
 test-fast-record: libseccomp $(STAMP)
 	LABKIT_TEST_SUITE=fast LABKIT_TEST_RECORD=docs/benchmarks/tests.jsonl \
-		$(PY) -m pytest -q -m "not slow and not browser" $(FAST_TESTS)
+		$(PYTEST) -m "not slow and not browser" $(FAST_TESTS)
 
 chromium:
 	.ci/ensure-chromium

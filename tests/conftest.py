@@ -6,6 +6,21 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""This process's pytest-xdist worker name (``gw0``...), ``None`` in a run without workers."""
+if WORKER:  # one torch thread per worker: `make test` runs one worker per core
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SHARED_GROUP = "lab"
+"""The pytest-xdist group of every test that uses the smoke lab or the browser: they run on one
+worker, so the smoke lab, JupyterLab and Chromium start once per run (``--dist loadgroup``)."""
+SHARED_FIXTURES = {"smoke_lab", "lab", "browser"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
 
 CODE_SAMPLES = ["def f(x):\n    return x + 1\n", "def g(xs):\n    return [x * 2 for x in xs]\n",
                 "### Fix the bug in this Python function.\n### Buggy\n### Fixed\n"] * 40
@@ -108,11 +123,12 @@ _STARTED: dict = {}
 
 
 def pytest_sessionstart(session):
+    if WORKER:  # the controller keeps the record; workers report their tests to it
+        return
     from labkit.env.tasks import cache_dir
     from labkit.machine import cpu_seconds
 
     _STARTED.update(t0=time.time(), cpu0=cpu_seconds(own=True), fresh=not any(cache_dir().glob("*.jsonl")))
-
 
 
 def pytest_runtest_logreport(report):
@@ -122,20 +138,28 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _STARTED:
+        _STARTED.update(exit_status=int(exitstatus), seconds=round(time.time() - _STARTED["t0"], 1))
+
+
+def pytest_unconfigure(config):
+    """Written last, when pytest-xdist's workers have exited: their CPU time is then in this
+    process's children's."""
     path = os.environ.get("LABKIT_TEST_RECORD")
-    if not path or not _STARTED:
+    if not path or "exit_status" not in _STARTED:
         return
     from labkit.machine import append_record, cpu_seconds
 
     slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:15]
-    args = session.config.invocation_params.args
-    whole = not session.config.option.markexpr and not any(
+    args = config.invocation_params.args
+    whole = not config.option.markexpr and not any(
         a.startswith("tests") or a.endswith(".py") or "::" in a for a in args)
     append_record(path, {
         "kind": "tests", "command": "pytest " + " ".join(args),
         "suite": os.environ.get("LABKIT_TEST_SUITE") or ("full" if whole else "part"),
-        "seconds": round(time.time() - _STARTED["t0"], 1),
+        "workers": getattr(config.option, "numprocesses", None) or 1,
+        "seconds": _STARTED["seconds"],
         "cpu_seconds": round(cpu_seconds(own=True) - _STARTED["cpu0"], 1), "fresh_task_cache": _STARTED["fresh"],
         "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
-        "exit_status": int(exitstatus), "outcomes": dict(_OUTCOMES),
+        "exit_status": _STARTED["exit_status"], "outcomes": dict(_OUTCOMES),
         "slowest": [{"test": k, "seconds": round(v, 1)} for k, v in slowest]})
