@@ -309,11 +309,29 @@ def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     res2 = json.loads((tmp_path / "again" / "reshaping.json").read_text())
     assert sorted(os.listdir(tmp_path / "runs2" / "reshaping")) == ["full-amplify"]
-    assert res2["recorded"] == {m: str(tmp_path / "reshaping.json") for m in ("raw_grpo", "reshaped_full")}
+    assert res2["recorded"]["methods"] == ["raw_grpo", "reshaped_full"]
+    assert res2["recorded"]["from"] == str(tmp_path / "reshaping.json")
     for m in ("raw_grpo", "reshaped_full"):
         assert res2["methods"][m] == res["methods"][m]
     assert res2["paired"]["start"] == res["paired"]["start"]  # the same start, evaluated again
-    assert "full-amplify - reshaped_full" in (tmp_path / "again" / "reshaping.md").read_text()
+    page = (tmp_path / "again" / "reshaping.md").read_text()
+    assert "full-amplify - reshaped_full" in page and "Taken from an earlier record" in page
+
+
+def test_recorded_methods_pair_only_with_the_same_start():
+    """A method taken from a record pairs with new ones only if the start policy, evaluated
+    again, reads as in the record; otherwise the paired evaluation stops and says why."""
+    from labkit.experiments.paired import _changes
+
+    pe = {"task_ids": ["a", "b"], "start": {"0": {"pass_at_1": [0.0, 1.0]}},
+          "runs": {"r": {"seed": 0, "pass_at_1": [1.0, 1.0]}}}
+    results = {"methods": {"m": {"seeds": [{"seed": 0, "run_dir": "r"}]}},
+               "recorded": {"from": "old.json", "methods": ["x"], "start": {"paired": {"pass_at_1": {"0": 0.5}}}}}
+    _changes(results, ["m"], pe, "paired")
+    assert results["methods"]["m"]["paired_change"]["per_task"] == {"0": [1.0, 0.0]}
+    results["recorded"]["start"]["paired"]["pass_at_1"]["0"] = 0.25
+    with pytest.raises(ValueError, match="reads .* here and .* in old.json.*rerun every method"):
+        _changes(results, ["m"], pe, "paired")
 
 
 def test_a_record_of_another_setting_is_refused(tmp_path):
@@ -325,21 +343,21 @@ def test_a_record_of_another_setting_is_refused(tmp_path):
                   "per_task": {"0": [0.0], "1": [0.0], "2": [1.0]}}}}}
     path = tmp_path / "reshaping.json"
     path.write_text(json.dumps(record))
-    assert recorded_methods(reshaping.Config(), "reshaping", "abc") == {}  # not asked for
+    assert recorded_methods(reshaping.Config(), "reshaping", "abc") == ({}, {})  # not asked for
     ours = reshaping.Config(reuse_recorded=str(path), methods=("raw_grpo", "full-focus"))
     with pytest.raises(ValueError, match="differs in steps"):
         recorded_methods(ours, "reshaping", "abc")
     ours.steps = 7
     with pytest.raises(ValueError, match="other weights"):
         recorded_methods(ours, "reshaping", "xyz")
-    assert list(recorded_methods(ours, "reshaping", "abc")) == ["raw_grpo"]
+    assert list(recorded_methods(ours, "reshaping", "abc")[0]) == ["raw_grpo"]
     ours.seeds = (0, 3)  # a seed the record lacks: trained, not taken
-    assert recorded_methods(ours, "reshaping", "abc") == {}
+    assert recorded_methods(ours, "reshaping", "abc")[0] == {}
     # fields that only add methods (didpo's scale-matched and equal-wall rows) may differ
     didpo = load("didpo")
     record.update(experiment="didpo", config=to_record(didpo.Config(scale_matched=(), equal_wall=False)))
     path.write_text(json.dumps(record))
-    assert list(recorded_methods(didpo.Config(reuse_recorded=str(path)), "didpo", "abc")) == ["raw_grpo"]
+    assert list(recorded_methods(didpo.Config(reuse_recorded=str(path)), "didpo", "abc")[0]) == ["raw_grpo"]
 
 
 def test_reshaping_methods_switch_off_one_component_each():

@@ -59,12 +59,24 @@ def header(results: Mapping, title: str, what: str) -> list[str]:
             f"Rerun: `{results['command']}`", "",
             f"Model `{s.get('model')}` (weights sha256 `{s.get('model_sha256')}`), code "
             f"`{commit[:12]}{'+dirty' if commit.endswith('+dirty') else ''}`, training seeds "
-            f"{s.get('seeds')}.", "",
+            f"{s.get('seeds')}.", "", *_recorded_lines(results.get("recorded")),
             "Intervals are 95% t-intervals over training seeds of paired changes; a change is "
             "**significant over seeds** when that interval excludes 0, and a change that is not "
             "is printed with the smallest change this design detects (80% power, two-sided 5%; "
             "docs/training.md, \"Reading a result\"). The seed-and-task bootstrap is printed beside.",
             ""]
+
+
+def _recorded_lines(rec: Mapping | None) -> list[str]:
+    """Which methods came from an earlier record (``reuse_recorded``), and from what."""
+    if not rec:
+        return []
+    commit = rec.get("code_commit") or "unknown"
+    return [f"Taken from an earlier record ({rec['from']}), not trained again: "
+            f"{', '.join(f'`{m}`' for m in rec['methods'])} (code `{commit[:12]}"
+            f"{'+dirty' if commit.endswith('+dirty') else ''}`, `{rec.get('command')}`). The "
+            "start policy was evaluated again and reads as in that record (each seed's mean, to the "
+            "last digit), so their per-task changes pair with the new methods'.", ""]
 
 
 def _cell(change: Mapping | None, digits: int = 3) -> str:

@@ -202,7 +202,7 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     trained on ``val`` templates, also without the held-out tasks a trained-on reference
     solves (``paired_clean``) and on new instances of the trained templates
     (``paired_trained``). Returns the raw paired evaluation of ``split``."""
-    recorded = results.get("recorded", {})  # their paired changes came with them
+    recorded = results.get("recorded", {}).get("methods", ())  # their changes came with them
     methods = methods or [m for m in results["methods"] if m not in recorded]
     tasks = paired_list(exp)
     proto = Protocol.of(exp)
@@ -245,6 +245,12 @@ def _changes(results: dict, methods: list[str], pe: dict, key: str,
             res[f"{prefix}_end"] = ends
     results[key] = {"tasks": len(idx), "start": {r: starts[r] for r in readings},
                     "start_mean": {r: statistics.fmean(starts[r].values()) for r in readings}}
+    theirs = results.get("recorded", {}).get("start", {}).get(key)  # each seed's mean
+    if theirs is not None and theirs != results[key]["start"]:
+        raise ValueError(f"{key}: the start policy reads {results[key]['start']} here and "
+                         f"{theirs} in {results['recorded']['from']}: the recorded methods' changes "
+                         "would not pair with the new ones (another machine or code samples "
+                         "differently); rerun every method, without reuse_recorded")
 
 
 def leaked_task_ids(exp: ExperimentConfig, tasks: list) -> set[str]:

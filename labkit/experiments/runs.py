@@ -35,7 +35,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
-    recorded = recorded_methods(exp, name, weights)
+    recorded, source = recorded_methods(exp, name, weights)
     for method, make in methods.items():
         per_seed = []
         for seed in exp.seeds:
@@ -72,7 +72,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             results["methods"][method] = summarise_method(per_seed)
             continue
         results["methods"][method] = recorded[method]
-        results.setdefault("recorded", {})[method] = exp.reuse_recorded
+        results.setdefault("recorded", {**source, "methods": []})["methods"].append(method)
         print(f"{method}: taken from {exp.reuse_recorded} (its runs are not in {exp.run_root})",
               flush=True)
     results["setting"] = setting(exp, weights)
@@ -86,14 +86,23 @@ NOT_TRAINING = frozenset({"seeds", "out", "run_root", "report_to", "reuse_finish
 config's ``METHOD_FIELDS``, which pick the methods."""
 
 
-def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> dict[str, dict]:
+PAIRED_KEYS = ("paired", "paired_clean", "paired_trained")
+"""The paired evaluations a results file may hold (:mod:`labkit.experiments.paired`)."""
+
+
+def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> tuple[dict[str, dict], dict]:
     """The methods of ``exp.reuse_recorded`` (a results JSON) that can stand for runs of
     ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` and the fields that
     pick the methods (``METHOD_FIELDS``; a field the record
     lacks counts as its default), same starting weights, every seed of ``exp.seeds`` with its
-    per-task paired changes. A record that is not of this setting is an error, not skipped."""
+    per-task paired changes. A record that is not of this setting is an error, not skipped.
+
+    Returns those methods' records and where they come from: ``{"from", "command",
+    "code_commit", "start"}``, ``start`` being the record's start readings per paired
+    evaluation, which the new start evaluations must equal for the changes to pair
+    (:func:`labkit.experiments.paired.add_paired` checks)."""
     if not exp.reuse_recorded:
-        return {}
+        return {}, {}
     path = Path(exp.reuse_recorded)
     try:
         rec = json.loads(path.read_text())
@@ -111,8 +120,12 @@ def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> dict[str
     if rec.get("setting", {}).get("model_sha256") != weights:
         raise ValueError(f"reuse_recorded: {path} started from other weights than {exp.policy!r}")
     want = {str(s) for s in exp.seeds}
-    return {m: r for m, r in rec["methods"].items()
-            if want <= set(r.get("paired_change", {}).get("per_task", {}))}
+    methods = {m: r for m, r in rec["methods"].items()
+               if want <= set(r.get("paired_change", {}).get("per_task", {}))}
+    source = {"from": exp.reuse_recorded, "command": rec.get("command"),
+              "code_commit": rec.get("code_commit"),
+              "start": {k: rec[k]["start"] for k in PAIRED_KEYS if k in rec}}
+    return methods, source
 
 
 def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
@@ -287,7 +300,7 @@ def training_record(results: dict) -> None:
     share of groups whose rewards were all equal: no advantage at all). Methods taken from
     a record (``results["recorded"]``) keep the figures it holds."""
     for m, r in results["methods"].items():
-        if m in results.get("recorded", {}):
+        if m in results.get("recorded", {}).get("methods", ()):
             continue
         rows = [row for s in r["seeds"] for row in RunFolder(s["run_dir"]).read("metrics.jsonl")]
         for key, name in (("adv/abs_token_mean", "abs_adv_per_token"), ("grad/norm", "grad_norm"),
