@@ -51,7 +51,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                 elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
                     done = alias
             if not done and method in recorded:
-                break
+                break  # taken from the record unless every seed's run is here
             if done:
                 per_seed.append(summarise_run(done, seed, upto=cfg.steps))
                 print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
@@ -68,7 +68,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
-        else:
+        else:  # every seed found or trained
             results["methods"][method] = summarise_method(per_seed)
             continue
         results["methods"][method] = recorded[method]
@@ -93,9 +93,8 @@ PAIRED_KEYS = ("paired", "paired_clean", "paired_trained")
 def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> tuple[dict[str, dict], dict]:
     """The methods of ``exp.reuse_recorded`` (a results JSON) that can stand for runs of
     ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` and the fields that
-    pick the methods (``METHOD_FIELDS``; a field the record
-    lacks counts as its default), same starting weights, every seed of ``exp.seeds`` with its
-    per-task paired changes. A record that is not of this setting is an error, not skipped.
+    pick the methods (``METHOD_FIELDS``; a field the record lacks counts as its default), same
+    starting weights, every seed of ``exp.seeds`` with its per-task paired changes. A record that is not of this setting is an error, not skipped.
 
     Returns those methods' records and where they come from: ``{"from", "command",
     "code_commit", "start"}``, ``start`` being the record's start readings per paired
@@ -109,7 +108,7 @@ def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> tuple[di
     except (OSError, ValueError) as e:
         raise ValueError(f"reuse_recorded: cannot read {path} ({e}); give a results JSON") from e
     ours, default = to_record(exp), to_record(type(exp)())
-    theirs = {**{k: v for k, v in default.items()}, **rec.get("config", {})}
+    theirs = {**default, **rec.get("config", {})}
     skip = NOT_TRAINING | set(exp.METHOD_FIELDS)
     differ = sorted(k for k in ours if k not in skip
                     and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
