@@ -282,7 +282,8 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     recs = [json.loads(line) for line in (tmp_path / estimator / "rollouts.jsonl").read_text().splitlines()]
     got = [[r["step"], r["task_id"], r["sample"], r["completion_ids"], round(r["reward"], 6),
             [round(a, 4) for a in r["advantages"]]] for r in recs]
-    want = json.loads(GOLDEN.read_text())[estimator]
+    golden = json.loads(GOLDEN.read_text())
+    want = golden[estimator]
     assert [g[:4] for g in got] == [w[:4] for w in want]  # the same tokens
     assert [g[4:] for g in got] == [w[4:] for w in want]  # the same rewards and credit
     # the same update: the L1 norm of the change the two steps made, summed over the parameter
@@ -293,7 +294,7 @@ def test_a_fixed_seed_run_is_token_identical_to_the_recorded_one(toy_model_dir, 
     # zero) and the total 0.05%. A learning rate 10% larger moves the total 10%; a KL
     # coefficient ten times larger moves it 0.15%, which no check can tell from another CPU.
     got_update = update_fingerprint(start, tr.params)
-    want_update = json.loads(GOLDEN.read_text())["update_fingerprint"][estimator]
+    want_update = golden["update_fingerprint"][estimator]
     assert len(got_update) == len(want_update)
     (l1, total), (want_l1, want_total) = ([sum(col) for col in zip(*u)] for u in (got_update, want_update))
     assert l1 == pytest.approx(want_l1, rel=1e-2)

@@ -136,8 +136,9 @@ class ExperimentConfig:
     (:func:`prepare_run_dir`)."""
     reuse_recorded: str | None = None
     """An earlier results JSON of the same experiment (e.g. ``docs/results/reshaping.json``):
-    a method it records with every seed asked for, made with this same config (which methods,
-    where reports and runs go and how runs are watched aside) from the same starting weights,
+    a method it records with every seed asked for, made with this same config (the seeds, the
+    fields that pick methods, where reports and runs go and how runs are watched aside) from
+    the same starting weights,
     is taken from it instead of trained again, its per-task paired changes included, so new
     methods are compared task by task with it (:func:`labkit.experiments.runs.recorded_methods`).
     Runs found in ``run_root`` come first."""

@@ -390,7 +390,7 @@ def controls(summary: dict) -> dict:
                                         change("expert_iteration"))
     out["drop"] = _split_drop(change)
     turns = c.get("turns: multi-turn - single-turn (random)")
-    out["multi_turn"] = {"gain": stats._compact(turns), "testable": bool(turns and stats.shown(turns)
+    out["multi_turn"] = {"gain": stats.compact(turns), "testable": bool(turns and stats.shown(turns)
                                                                            and turns["mean"] > 0)}
     return out
 
@@ -403,9 +403,9 @@ def _split_drop(change) -> dict:
     of correct ones), ``filter`` = the filtered form minus expert iteration (what the
     public-test filter wins back)."""
     ei, oracle, filtered = change("expert_iteration"), change("ei_oracle"), change("ei_filtered")
-    return {"fine_tune": stats._compact(oracle),
-            "wrong_labels": stats._compact(ei and oracle and stats.difference(oracle, ei)),
-            "filter": stats._compact(ei and filtered and stats.difference(ei, filtered))}
+    return {"fine_tune": stats.compact(oracle),
+            "wrong_labels": stats.compact(ei and oracle and stats.difference(oracle, ei)),
+            "filter": stats.compact(ei and filtered and stats.difference(ei, filtered))}
 
 
 def run(cfg: Config) -> Path:

@@ -222,7 +222,8 @@ def summary(xs: Sequence[float]) -> dict:
     return {"mean": mean, "ci95": ci}
 
 
-def _compact(change: Mapping | None) -> dict | None:
+def compact(change: Mapping | None) -> dict | None:
+    """A paired-change record without its per-task lists: what a `controls` object keeps."""
     if not change:
         return None
     keep = ("mean", "ci95", "hierarchical_ci95", "per_seed", "seeds", "tasks", "sd_seeds", "mde", "shown")
@@ -243,7 +244,7 @@ def controls(positive: Mapping | None, negative: Mapping | None = None,
     pos_mean = positive["mean"] if positive else None
     sensitive = bool(positive and shown(positive) and positive["mean"] > 0
                      and mde_of is not None and positive["mean"] > mde_of)
-    out = {"positive": _compact(positive), "negative": _compact(negative), "claim": _compact(claim),
+    out = {"positive": compact(positive), "negative": compact(negative), "claim": compact(claim),
            "mde": mde_of, "sensitive": sensitive}
     if not sensitive and pos_mean is not None and mde_of is not None and pos_mean < mde_of:
         out["shortfall"] = mde_of - pos_mean
