@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-record test-fast test-fast-record chromium libseccomp install verl-extra jupyter bench clean-venv
+.PHONY: lab test test-setup system-packages test-record test-fast test-fast-record chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,23 @@ lab: libseccomp $(STAMP)
 # browser stay on one worker (conftest.py groups them), the rest are spread.
 PYTEST := $(PY) -m pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
 
-test: chromium libseccomp $(STAMP) $(VERL_STAMP)
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
 	$(PYTEST)
+
+# What the suite needs, the system packages beside the virtualenv: apt-get and pip wait on
+# different things, so `make test` runs the two at once (-j2). The system packages install one
+# after the other (they share dpkg's lock).
+test-setup: system-packages $(VERL_STAMP)
+
+system-packages:
+	.ci/ensure-libseccomp
+	.ci/ensure-chromium
 
 # `make test` that also appends its durations (install included) to the committed record
 # docs/benchmarks/tests.jsonl, read by docs/benchmarks.md's generated table.
 test-record:
-	t0=$$(date +%s); $(MAKE) chromium libseccomp $(STAMP) $(VERL_STAMP) && \
+	t0=$$(date +%s); $(MAKE) --no-print-directory -j2 --output-sync=target test-setup && \
 	LABKIT_INSTALL_SECONDS=$$(( $$(date +%s) - t0 )) LABKIT_TEST_RECORD=docs/benchmarks/tests.jsonl \
 		$(PYTEST)
 

@@ -69,6 +69,22 @@ def cmd_tasks_validate(args) -> int:
     return 0 if not report["failures"] else 1
 
 
+def cmd_tasks_ship(args) -> int:
+    from labkit.env.tasks import ship, shipped_specs
+
+    specs = shipped_specs(args.out)
+    for log in args.log:
+        try:
+            specs += [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as e:
+            raise CLIError(f"{log}: cannot read it as the JSONL spec log $LABKIT_TASK_LOG "
+                           f"writes ({e})") from None
+    manifest = ship(specs, args.out, progress=True)
+    print(f"shipped {len(manifest['lists'])} task lists "
+          f"({sum(e['tasks'] for e in manifest['lists'])} tasks) to {args.out or 'data/tasks'}")
+    return 0
+
+
 def cmd_tasks_overlap(args) -> int:
     from labkit.env.overlap import overlap_report
     from labkit.env.tasks import synthetic_problems
@@ -454,6 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "data" / "models" / "tiny"),
                    help="model folder whose manifest lists its SFT templates ('' = none)")
     o.set_defaults(func=cmd_tasks_overlap)
+    sh = tasks.add_parser("ship", help="build the shipped task lists (data/tasks) again: those "
+                          "already shipped, and those of spec logs ($LABKIT_TASK_LOG)")
+    sh.add_argument("--log", action="append", default=[], help="a spec log to add (repeatable)")
+    sh.add_argument("--out", default=None, help="folder (default data/tasks)")
+    sh.set_defaults(func=cmd_tasks_ship)
     s = tasks.add_parser("show", help="print one task")
     task_args(s)
     s.add_argument("--task", required=True)

@@ -114,8 +114,9 @@ def lean_attention(request, monkeypatch):
 # ------------------------------------------------------------------ the suite's own record
 # LABKIT_TEST_RECORD=FILE (``make test-record``, ``make test-fast-record``) appends one JSON line
 # when the run ends: which suite ran (``full``, ``fast``, or ``part`` for any other selection), wall
-# seconds, outcomes, the 15 slowest tests (setup + call + teardown) and whether the task cache
-# was empty at the start (a fresh machine builds every task list once). docs/benchmarks.md's
+# seconds, outcomes, the 15 slowest tests (setup + call + teardown), whether the task cache
+# was empty at the start (a fresh machine builds every task list the shipped ones, data/tasks,
+# do not hold) and how many current shipped lists there were. docs/benchmarks.md's
 # test-suite table is generated from docs/benchmarks/tests.jsonl.
 _DURATIONS: dict[str, float] = {}
 _OUTCOMES: Counter = Counter()
@@ -125,10 +126,12 @@ _STARTED: dict = {}
 def pytest_sessionstart(session):
     if WORKER:  # the controller keeps the record; workers report their tests to it
         return
-    from labkit.env.tasks import cache_dir
+    from labkit.env.tasks import cache_dir, shipped_dir, shipped_specs, stale_shipped
     from labkit.machine import cpu_seconds
 
-    _STARTED.update(t0=time.time(), cpu0=cpu_seconds(own=True), fresh=not any(cache_dir().glob("*.jsonl")))
+    shipped = shipped_dir()
+    _STARTED.update(t0=time.time(), cpu0=cpu_seconds(own=True), fresh=not any(cache_dir().glob("*.jsonl")),
+                    shipped=len(shipped_specs(shipped)) - len(stale_shipped(shipped)) if shipped else 0)
 
 
 def pytest_runtest_logreport(report):
@@ -160,6 +163,7 @@ def pytest_unconfigure(config):
         "workers": getattr(config.option, "numprocesses", None) or 1,
         "seconds": _STARTED["seconds"],
         "cpu_seconds": round(cpu_seconds(own=True) - _STARTED["cpu0"], 1), "fresh_task_cache": _STARTED["fresh"],
+        "shipped_task_lists": _STARTED["shipped"],
         "install_seconds": float(os.environ.get("LABKIT_INSTALL_SECONDS") or 0) or None,
         "exit_status": _STARTED["exit_status"], "outcomes": dict(_OUTCOMES),
         "slowest": [{"test": k, "seconds": round(v, 1)} for k, v in slowest]})

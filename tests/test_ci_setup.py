@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "ensure-chromium"
 BASH = shutil.which("bash")
 CHMOD = shutil.which("chmod")
-INSTALL = "apt-get install -y -q chromium chromium-driver"
+INSTALL = "apt-get install -y -q --no-install-recommends chromium chromium-driver fonts-liberation"
 
 
 class Machine:
@@ -97,6 +97,7 @@ def test_without_root_or_usable_sudo_it_says_what_to_run(tmp_path, sudo):
     (line,) = p.stderr.splitlines()
     assert line == (f"ensure-chromium: {m.chromium} is missing (the browser tests need it); "
                     "run as root: apt-get update && apt-get install -y chromium chromium-driver "
+                    "fonts-liberation "
                     "(or make test as root)")
     assert not any(entry.startswith("apt-get") for entry in m.ran())
 

@@ -16,8 +16,9 @@ FIXTURE = str(Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl")
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
-    """Every test gets an empty task cache of its own."""
+    """Every test gets an empty task cache of its own, and no shipped lists."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LABKIT_SHIPPED_TASKS", "")
 
 
 def refuse_to_run(candidates):
@@ -268,6 +269,54 @@ def test_a_cached_draw_serves_a_shorter_list_and_is_extended_to_a_longer_one():
     # another spec (here: another seed) never serves
     assert load_tasks("synthetic", "val", n=2, seed=8, cache=False) == \
         load_tasks("synthetic", "val", n=2, seed=8)
+
+
+# ----------------------------------------------------------------------------- shipped lists
+
+
+def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_path, monkeypatch):
+    """``ship`` writes each spec's list at its own n with the census; a fresh cache then reads
+    them with nothing run or drafted. A caller with its own runner, or code that changed since
+    the ship, builds instead."""
+    from labkit.env import tasks
+
+    specs = [{"source": "synthetic", "split": "val", "n": n, "seed": 7} for n in (2, 3)]
+    manifest = tasks.ship(specs, tmp_path / "shipped")
+    assert [e["tasks"] for e in manifest["lists"]] == [len(load_tasks("synthetic", "val", n=n, seed=7))
+                                                       for n in (2, 3)]
+    built = {n: load_tasks("synthetic", "val", n=n, seed=7, cache=False) for n in (2, 3)}
+    monkeypatch.setenv("LABKIT_SHIPPED_TASKS", str(tmp_path / "shipped"))
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "empty"))
+    tasks._template_splits.cache_clear()
+    monkeypatch.setattr(tasks, "_default_runner", lambda: refuse_to_run)
+    monkeypatch.setattr(tasks, "_census_splits", lambda *a: pytest.fail("the census was redrafted"))
+    for n in (2, 3):
+        assert load_tasks("synthetic", "val", n=n, seed=7) == built[n]
+    assert template_split(built[2][0].meta["template"]) == Split.VAL
+    assert tasks.stale_shipped(tmp_path / "shipped") == []
+    counting = CountingRunner()
+    assert load_tasks("synthetic", "val", n=2, seed=7, runner=counting) == built[2]
+    assert counting.calls > 0
+    monkeypatch.setattr(tasks, "_code_version", lambda: "changed")
+    assert len(tasks.stale_shipped(tmp_path / "shipped")) == 2
+    with pytest.raises(AssertionError, match="nothing should run"):
+        load_tasks("synthetic", "val", n=2, seed=7)
+
+
+@pytest.mark.slow
+def test_the_repository_ships_current_lists_equal_to_a_build(monkeypatch):
+    """The shipped lists (data/tasks) are those of the current code, and the smallest
+    synthetic one equals a build from nothing."""
+    from labkit.env import tasks
+
+    specs = tasks.shipped_specs()
+    assert specs, "data/tasks ships no task lists; run: python -m labkit tasks ship --log FILE"
+    assert tasks.stale_shipped() == [], ("the code that builds task lists changed since they were "
+                                         "shipped; run: python -m labkit tasks ship")
+    spec = min((s for s in specs if s["source"] == "synthetic"), key=lambda s: s["n"])
+    monkeypatch.setenv("LABKIT_SHIPPED_TASKS", str(tasks.SHIPPED_DIR))
+    shipped = load_tasks(**spec)
+    assert shipped == load_tasks(**spec, cache=False)
 
 
 def test_every_source_is_registered():

@@ -20,7 +20,10 @@ what it is). HumanEval and HumanEvalPack problems are split by hashing the probl
 (:func:`split_of`). Injected bugs are validated by execution in the sandbox: the reference
 passes every test and the buggy code fails at least one. That costs sandbox time, so validated
 lists are cached as JSONL under ``$LABKIT_CACHE`` (default ``~/.cache/labkit/tasks``), keyed by
-every parameter and by a hash of the code that builds them. Each synthetic problem's tasks
+every parameter and by a hash of the code that builds them. The repository ships the lists
+that the lab and its tests load, built by that code (``data/tasks``, :func:`ship`): a list
+found there is read instead of built, and a change to the code that builds lists leaves them
+unread until they are shipped again. Each synthetic problem's tasks
 depend on that problem alone, so a list of ``n`` problems is the first ``n`` problems' tasks
 of any longer list of the same spec: a cached longer list gives a shorter one, and a cached
 shorter list is extended by building only the problems beyond it::
@@ -34,6 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import gzip
 import hashlib
 import json
 import os
@@ -70,6 +74,9 @@ experiments train on). See :func:`synthetic_split`."""
 SYNTHETIC_TIMEOUT_S = 2.0
 """Sandbox deadline per check for synthetic code: references run in microseconds, so a
 mutant that needs more is an endless loop, dropped quickly instead of after the default."""
+
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "data" / "tasks"
+"""Where the repository ships the task lists the lab and its tests load (:func:`ship`)."""
 
 # The modules whose code decides what a task list contains; their text is part of the cache
 # key. The sandbox is not: it decides verdicts, which a change to it should not alter.
@@ -115,6 +122,26 @@ def template_split(template: str, seed: int = 0,
 
 @functools.lru_cache(maxsize=8)
 def _template_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
+    """Every census template's split, read from the task cache or the shipped lists when a
+    run of this code wrote it there (the census drafts 27,000 functions: seconds per
+    process), else computed and cached."""
+    name = _splits_file_name(seed, fractions)
+    for folder in (cache_dir(), shipped_dir()):
+        try:
+            return {t: Split(v) for t, v in json.loads((folder / name).read_text()).items()}
+        except (TypeError, OSError, ValueError, AttributeError):  # no folder, no file, a bad one
+            continue
+    out = _census_splits(seed, fractions)
+    _write_text(cache_dir() / name, json.dumps({t: v.value for t, v in out.items()}))
+    return out
+
+
+def _splits_file_name(seed: int, fractions: tuple[float, float, float]) -> str:
+    key = json.dumps({"seed": seed, "fractions": fractions, "code": _code_version()})
+    return f"template-splits-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _census_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
     out: dict[str, Split] = {}
     for family in synthetic.FAMILIES:
         census = synthetic.family_templates(family)
@@ -307,10 +334,13 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
                     timeout_s, multi_hunk)
     spec.check()
     cache_file = _cache_file(spec) if cache else None
-    if cache_file is not None and cache_file.is_file():
-        cached = _read_cache(cache_file)
-        if cached is not None:
-            return cached
+    if cache_file is not None:
+        _log_spec(spec)
+        shipped = shipped_dir() if runner is None else None
+        for file in (cache_file, shipped and shipped / (cache_file.name + ".gz")):
+            cached = _read_cache(file) if file is not None and file.is_file() else None
+            if cached is not None:
+                return cached
     if spec.source == "humanevalpack":
         tasks = _humanevalpack_tasks(spec, runner)
     elif cache_file is not None and spec.source == "synthetic":
@@ -327,7 +357,10 @@ def _from_cached_draws(spec: TaskSpec, cache_file: Path, runner: Runner | None,
     """The tasks of ``spec`` (synthetic) from a cached draw of the same spec with another
     ``n``: the first ``n`` problems' tasks of a longer one, or a shorter one extended by
     building the problems beyond it; built whole when neither is cached."""
-    draws = {n: f for f in cache_file.parent.glob(_draw_pattern(cache_file))
+    shipped = shipped_dir() if runner is None else None
+    folders = [(shipped, ".gz")] if shipped is not None else []
+    draws = {n: f for folder, suffix in folders + [(cache_file.parent, "")]  # the cache wins ties
+             for f in folder.glob(_draw_pattern(cache_file) + suffix)
              if (n := _draw_size(f)) is not None}
     longer = min((n for n in draws if n > spec.n), default=None)
     cached = _read_cache(draws[longer]) if longer is not None else None
@@ -637,6 +670,85 @@ def cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "labkit") / "tasks"
 
 
+def shipped_dir() -> Path | None:
+    """The shipped task lists: ``$LABKIT_SHIPPED_TASKS`` if set (empty: none), else the
+    repository's ``data/tasks`` where it exists (an editable install or a checkout)."""
+    env = os.environ.get("LABKIT_SHIPPED_TASKS")
+    folder = Path(env) if env else None if env == "" else SHIPPED_DIR
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def _log_spec(spec: TaskSpec) -> None:
+    """Append ``spec`` to the JSONL file ``$LABKIT_TASK_LOG`` when it is set: the lists a run
+    loads, which :func:`ship` can then ship."""
+    log = os.environ.get("LABKIT_TASK_LOG")
+    if log and spec.path is None:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(json.dumps(dataclasses.asdict(spec)) + "\n")
+
+
+def ship(specs: Iterable[Mapping[str, Any]], folder: str | Path | None = None,
+         progress: bool = False) -> dict:
+    """Build the task lists of ``specs`` (dicts of :class:`TaskSpec` fields, as
+    ``$LABKIT_TASK_LOG`` records them) and write each, gzipped under its cache name, into
+    ``folder`` (default :data:`SHIPPED_DIR`) with ``manifest.json``: the code version, and per
+    list its file, spec and task count.
+
+    Every distinct spec is shipped at its own ``n``, so that loading it never generates its
+    problems (a shorter draw served by a longer one does); specs naming a file (``path``) are
+    skipped. The template census of each ``(split_seed, fractions)`` is shipped beside them.
+    Lists are built with the sandbox, not read from an earlier ship (the task cache still
+    serves); files of an earlier ship that are not in the new one are removed. Returns the
+    manifest.
+    """
+    folder = Path(folder) if folder is not None else SHIPPED_DIR
+    chosen: dict[str, TaskSpec] = {}
+    for fields in specs:
+        spec = _spec_of(fields)
+        spec.check()
+        if spec.path is None:
+            chosen[_cache_file(spec).name + ".gz"] = spec
+    folder.mkdir(parents=True, exist_ok=True)
+    lists, censuses = [], set()
+    for name, spec in sorted(chosen.items()):
+        tasks = load_tasks(**dataclasses.asdict(spec), runner=run_many, progress=progress)
+        text = "".join(json.dumps(t.to_dict()) + "\n" for t in tasks)
+        (folder / name).write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        lists.append({"file": name, "tasks": len(tasks), "spec": dataclasses.asdict(spec)})
+        if spec.source == "synthetic":
+            censuses.add((spec.split_seed, tuple(_check_fractions(spec.fractions or TEMPLATE_FRACTIONS))))
+    for seed, fractions in sorted(censuses):
+        splits = _census_splits(seed, fractions)
+        _write_text(folder / _splits_file_name(seed, fractions),
+                    json.dumps({t: v.value for t, v in sorted(splits.items())}))
+    keep = {entry["file"] for entry in lists} | {_splits_file_name(*c) for c in censuses}
+    for old in [*folder.glob("*.jsonl.gz"), *folder.glob("template-splits-*.json")]:
+        if old.name not in keep:
+            old.unlink()
+    manifest = {"code": _code_version(), "lists": lists}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def shipped_specs(folder: str | Path | None = None) -> list[dict]:
+    """The specs of the shipped lists (``manifest.json``), ``[]`` where nothing is shipped."""
+    manifest = Path(folder or SHIPPED_DIR) / "manifest.json"
+    return [e["spec"] for e in json.loads(manifest.read_text())["lists"]] if manifest.is_file() else []
+
+
+def _spec_of(fields: Mapping[str, Any]) -> TaskSpec:
+    """A :class:`TaskSpec` from its fields as JSON holds them (lists for tuples)."""
+    return TaskSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
+def stale_shipped(folder: str | Path | None = None) -> list[str]:
+    """The shipped lists the current code would not read: their cache name under this code is
+    not in ``folder`` (the code that builds lists changed since :func:`ship`)."""
+    folder = Path(folder or SHIPPED_DIR)
+    names = [_cache_file(_spec_of(spec)).name + ".gz" for spec in shipped_specs(folder)]
+    return [n for n in names if not (folder / n).is_file()]
+
+
 def _code_version() -> str:
     here = Path(__file__).parent
     digest = hashlib.sha256()
@@ -668,23 +780,29 @@ def _draw_pattern(file: Path) -> str:
 
 
 def _draw_size(file: Path) -> int | None:
-    size = file.name.rsplit("-n", 1)[1].removesuffix(".jsonl")
+    size = file.name.rsplit("-n", 1)[1].removesuffix(".gz").removesuffix(".jsonl")
     return int(size) if size.isdigit() else None
 
 
 def _read_cache(file: Path) -> list[RepairTask] | None:
-    """The cached tasks, or ``None`` when the file cannot be read (it is then rebuilt)."""
+    """The cached tasks (JSONL, gzipped where the name ends in ``.gz``), or ``None`` when the
+    file cannot be read (it is then rebuilt)."""
     try:
-        with file.open(encoding="utf-8") as lines:
+        opener = gzip.open if file.suffix == ".gz" else open
+        with opener(file, "rt", encoding="utf-8") as lines:
             return [RepairTask.from_dict(json.loads(line)) for line in lines if line.strip()]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _write_cache(file: Path, tasks: list[RepairTask]) -> None:
+    _write_text(file, "".join(json.dumps(task.to_dict()) + "\n" for task in tasks))
+
+
+def _write_text(file: Path, text: str) -> None:
+    """Write ``text`` to ``file`` whole or not at all (a temporary file, then a rename), so
+    that processes sharing the cache never read half a file."""
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for task in tasks:
-            out.write(json.dumps(task.to_dict()) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, file)

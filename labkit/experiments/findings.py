@@ -304,6 +304,8 @@ def test_durations(path: str | Path = TEST_RECORDS) -> str:
         install = f" + {r['install_seconds']:.0f} s installing" if r.get("install_seconds") else ""
         cpu = (f"; {r['cpu_seconds']:.0f} CPU s, so at least {r['cpu_seconds'] / _cores(r):.0f} s "
                f"on {_cores(r)} cores however it is split" if r.get("cpu_seconds") else "")
+        if "shipped_task_lists" in r:
+            label += f", {r['shipped_task_lists']} shipped task lists"
         lines += [f"**{label}**: `{r['command']}` {r['seconds']:.0f} s{install} ({_outcomes(r)}; "
                   f"{_machine(r)}{cpu}). Slowest:", "", "| test | seconds |", "|---|---|"]
         lines += [f"| `{t['test']}` | {t['seconds']:.0f} |" for t in r["slowest"][:10]] + [""]
