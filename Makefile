@@ -13,12 +13,15 @@ STAMP  := $(VENV)/.installed
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, from the CPU wheel on this machine's disk, so nothing pulls a CUDA build;
-# constraints.txt keeps it pinned for every later install.
+# torch first, with pip, from the CPU wheel on this machine's disk, so nothing pulls a CUDA
+# build; constraints.txt keeps it pinned for every later install. The rest with uv, which
+# installs the same packages as pip in about a quarter of the time (it downloads and unpacks
+# in parallel); it keeps the installed torch, which satisfies the constraint.
+UV := $(VENV)/bin/uv
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,trackers]'
+	$(PIP) install -q torch==2.13.0 'uv>=0.9,<1'
+	$(UV) pip install -q --python $(PY) --constraint constraints.txt -e '.[dev,trackers]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(PIP) check
 	touch $(STAMP)
@@ -32,7 +35,7 @@ VERL_DIR   := $(VENV)/verl
 VERL_STAMP := $(VERL_DIR)/.installed
 $(VERL_STAMP): $(STAMP) requirements-verl.txt
 	rm -rf $(VERL_DIR)
-	$(PIP) install -q --no-deps --target $(VERL_DIR) -r requirements-verl.txt
+	$(UV) pip install -q --python $(PY) --no-deps --target $(VERL_DIR) -r requirements-verl.txt
 	touch $(VERL_STAMP)
 
 verl-extra: $(VERL_STAMP)

@@ -280,6 +280,8 @@ def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_pa
     the ship, builds instead."""
     from labkit.env import tasks
 
+    monkeypatch.setattr(tasks, "LEAK_POOL", (30, (0, 1)))  # a small pool, quick to generate
+    tasks._leak_pool.cache_clear()
     specs = [{"source": "synthetic", "split": "val", "n": n, "seed": 7} for n in (2, 3)]
     manifest = tasks.ship(specs, tmp_path / "shipped")
     assert [e["tasks"] for e in manifest["lists"]] == [len(load_tasks("synthetic", "val", n=n, seed=7))
@@ -290,9 +292,15 @@ def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_pa
     tasks._template_splits.cache_clear()
     monkeypatch.setattr(tasks, "_default_runner", lambda: refuse_to_run)
     monkeypatch.setattr(tasks, "_census_splits", lambda *a: pytest.fail("the census was redrafted"))
+    monkeypatch.setattr(tasks, "_leak_pool_entries", lambda *a: pytest.fail("the leak pool was regenerated"))
     for n in (2, 3):
         assert load_tasks("synthetic", "val", n=n, seed=7) == built[n]
     assert template_split(built[2][0].meta["template"]) == Split.VAL
+    tasks._leak_pool.cache_clear()
+    pool = tasks._leak_pool(0, tasks.TEMPLATE_FRACTIONS)
+    assert sum(map(len, pool.by_params.values())) == len({p.problem_id for stream in (0, 1) for p in
+                                                          tasks.synthetic_problems("train", 30, seed=stream)})
+    tasks._leak_pool.cache_clear()
     assert tasks.stale_shipped(tmp_path / "shipped") == []
     counting = CountingRunner()
     assert load_tasks("synthetic", "val", n=2, seed=7, runner=counting) == built[2]

@@ -30,9 +30,19 @@ from labkit.env.synthetic import SyntheticProblem
 
 
 def compile_reference(problem: SyntheticProblem) -> Callable[..., Any]:
+    return _compile(problem.reference_code, problem.entry_point, problem.problem_id)
+
+
+def _compile(code: str, entry_point: str, name: str) -> Callable[..., Any]:
     namespace: dict[str, Any] = {}
-    exec(compile(problem.reference_code, f"<train {problem.problem_id}>", "exec"), namespace)  # noqa: S102 (generated code)
-    return namespace[problem.entry_point]
+    exec(compile(code, f"<train {name}>", "exec"), namespace)  # noqa: S102 (generated code)
+    return namespace[entry_point]
+
+
+def pool_entries(problems: Sequence[SyntheticProblem]) -> list[tuple[str, str, str, str]]:
+    """What a :class:`ReferencePool` keeps of each problem, as plain data (to cache):
+    ``(parameter types, reference code, entry point, problem id)``."""
+    return [(param_types(p), p.reference_code, p.entry_point, p.problem_id) for p in problems]
 
 
 def passes_all(fn: Callable[..., Any], problem: SyntheticProblem) -> bool:
@@ -70,10 +80,12 @@ class ReferencePool:
     """Training references grouped by parameter types, compiled once: ``solves(problem)``
     says whether one of them passes every hidden test of ``problem``."""
 
-    def __init__(self, problems: Sequence[SyntheticProblem]):
+    def __init__(self, problems: Sequence[SyntheticProblem] = (),
+                 entries: Sequence[Sequence[str]] | None = None):
+        """From ``problems``, or from their :func:`pool_entries` (``entries``)."""
         self.by_params: dict[str, list[Callable[..., Any]]] = defaultdict(list)
-        for p in problems:
-            self.by_params[param_types(p)].append(compile_reference(p))
+        for types, code, entry_point, name in (pool_entries(problems) if entries is None else entries):
+            self.by_params[types].append(_compile(code, entry_point, name))
 
     def solves(self, problem: SyntheticProblem) -> bool:
         return any(passes_all(fn, problem) for fn in self.by_params[param_types(problem)])

@@ -51,7 +51,7 @@ from typing import Any
 from labkit.env import bugs, humaneval, synthetic
 from labkit.env.edits import revert_hunks, split_hunks
 from labkit.env.humanevalpack import load_humanevalpack
-from labkit.env.overlap import ReferencePool
+from labkit.env.overlap import ReferencePool, pool_entries
 from labkit.env.records import BugSpan, Candidate, RepairTask, SandboxResult, Split, TestSuite
 from labkit.env.sandbox import run_many
 from labkit.seeding import derive_seed
@@ -125,20 +125,32 @@ def _template_splits(seed: int, fractions: tuple[float, float, float]) -> dict[s
     """Every census template's split, read from the task cache or the shipped lists when a
     run of this code wrote it there (the census drafts 27,000 functions: seconds per
     process), else computed and cached."""
-    name = _splits_file_name(seed, fractions)
-    for folder in (cache_dir(), shipped_dir()):
-        try:
-            return {t: Split(v) for t, v in json.loads((folder / name).read_text()).items()}
-        except (TypeError, OSError, ValueError, AttributeError):  # no folder, no file, a bad one
-            continue
+    name = _derived_name("template-splits", seed, fractions)
+    found = _read_derived(name)
+    if isinstance(found, dict):
+        return {t: Split(v) for t, v in found.items()}
     out = _census_splits(seed, fractions)
     _write_text(cache_dir() / name, json.dumps({t: v.value for t, v in out.items()}))
     return out
 
 
-def _splits_file_name(seed: int, fractions: tuple[float, float, float]) -> str:
+def _derived_name(kind: str, seed: int, fractions: tuple[float, ...]) -> str:
+    """The cache name of what the splits derive once per ``(seed, fractions)``: the census
+    (``template-splits``) and the leak pool's references (``leak-pool``)."""
     key = json.dumps({"seed": seed, "fractions": fractions, "code": _code_version()})
-    return f"template-splits-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    return f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _read_derived(name: str) -> Any:
+    """The JSON of ``name`` from the task cache, else from the shipped lists (gzipped there);
+    ``None`` where neither holds a readable one."""
+    shipped = shipped_dir()
+    for file in (cache_dir() / name, shipped and shipped / (name + ".gz")):
+        try:
+            return json.loads(gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_text())
+        except (AttributeError, OSError, ValueError, EOFError):  # no folder, no file, a bad one
+            continue
+    return None
 
 
 def _census_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
@@ -183,13 +195,25 @@ def synthetic_split(problem: synthetic.SyntheticProblem, seed: int = 0,
 
 
 @functools.lru_cache(maxsize=4)
-def _leak_pool(seed: int, fractions: tuple[float, ...]):
+def _leak_pool(seed: int, fractions: tuple[float, ...]) -> ReferencePool:
+    """The :data:`LEAK_POOL` training references, read from the task cache or the shipped
+    lists when a run of this code wrote them there (generating them takes seconds per
+    process), else generated and cached."""
+    name = _derived_name("leak-pool", seed, fractions)
+    entries = _read_derived(name)
+    if not isinstance(entries, list):
+        entries = _leak_pool_entries(seed, fractions)
+        _write_text(cache_dir() / name, json.dumps(entries))
+    return ReferencePool(entries=entries)
+
+
+def _leak_pool_entries(seed: int, fractions: tuple[float, ...]) -> list:
     n, streams = LEAK_POOL
     train: dict[str, synthetic.SyntheticProblem] = {}
     for stream in streams:
         for p in synthetic_problems("train", n, seed=stream, split_seed=seed, fractions=fractions):
             train.setdefault(p.problem_id, p)
-    return ReferencePool(list(train.values()))
+    return pool_entries(list(train.values()))
 
 
 def synthetic_problems(split: str, n: int, seed: int = 0, split_seed: int = 0,
@@ -335,8 +359,9 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
     spec.check()
     cache_file = _cache_file(spec) if cache else None
     if cache_file is not None:
-        _log_spec(spec)
         shipped = shipped_dir() if runner is None else None
+        if shipped is not None:
+            _log_spec(spec)
         for file in (cache_file, shipped and shipped / (cache_file.name + ".gz")):
             cached = _read_cache(file) if file is not None and file.is_file() else None
             if cached is not None:
@@ -680,7 +705,7 @@ def shipped_dir() -> Path | None:
 
 def _log_spec(spec: TaskSpec) -> None:
     """Append ``spec`` to the JSONL file ``$LABKIT_TASK_LOG`` when it is set: the lists a run
-    loads, which :func:`ship` can then ship."""
+    loads where shipped lists would serve, which :func:`ship` can then ship."""
     log = os.environ.get("LABKIT_TASK_LOG")
     if log and spec.path is None:
         with open(log, "a", encoding="utf-8") as out:
@@ -696,7 +721,8 @@ def ship(specs: Iterable[Mapping[str, Any]], folder: str | Path | None = None,
 
     Every distinct spec is shipped at its own ``n``, so that loading it never generates its
     problems (a shorter draw served by a longer one does); specs naming a file (``path``) are
-    skipped. The template census of each ``(split_seed, fractions)`` is shipped beside them.
+    skipped. What the splits derive once per ``(split_seed, fractions)`` (the template census,
+    the leak pool's references) is shipped beside them.
     Lists are built with the sandbox, not read from an earlier ship (the task cache still
     serves); files of an earlier ship that are not in the new one are removed. Returns the
     manifest.
@@ -717,12 +743,16 @@ def ship(specs: Iterable[Mapping[str, Any]], folder: str | Path | None = None,
         lists.append({"file": name, "tasks": len(tasks), "spec": dataclasses.asdict(spec)})
         if spec.source == "synthetic":
             censuses.add((spec.split_seed, tuple(_check_fractions(spec.fractions or TEMPLATE_FRACTIONS))))
+    derived = {}
     for seed, fractions in sorted(censuses):
         splits = _census_splits(seed, fractions)
-        _write_text(folder / _splits_file_name(seed, fractions),
-                    json.dumps({t: v.value for t, v in sorted(splits.items())}))
-    keep = {entry["file"] for entry in lists} | {_splits_file_name(*c) for c in censuses}
-    for old in [*folder.glob("*.jsonl.gz"), *folder.glob("template-splits-*.json")]:
+        derived[_derived_name("template-splits", seed, fractions) + ".gz"] = \
+            {t: v.value for t, v in sorted(splits.items())}
+        derived[_derived_name("leak-pool", seed, fractions) + ".gz"] = _leak_pool_entries(seed, fractions)
+    for name, value in derived.items():
+        (folder / name).write_bytes(gzip.compress(json.dumps(value).encode(), compresslevel=9, mtime=0))
+    keep = {entry["file"] for entry in lists} | set(derived)
+    for old in folder.glob("*.gz"):
         if old.name not in keep:
             old.unlink()
     manifest = {"code": _code_version(), "lists": lists}
