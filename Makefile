@@ -15,13 +15,16 @@ $(VENV)/bin/python:
 
 # torch first, with pip, from the CPU wheel on this machine's disk, so nothing pulls a CUDA
 # build; constraints.txt keeps it pinned for every later install. The rest with uv, which
-# installs the same packages as pip in about a quarter of the time (it downloads and unpacks
-# in parallel); it keeps the installed torch, which satisfies the constraint.
+# installs the same packages as pip in half the time (it downloads and unpacks in parallel);
+# it keeps the installed torch, which satisfies the constraint. Bytecode is compiled once
+# here, the lab's own too: where PYTHONDONTWRITEBYTECODE is set (CI machines), every process
+# would otherwise compile what it imports (importing the trainer: 5 s instead of 3.3 s).
 UV := $(VENV)/bin/uv
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0 'uv>=0.9,<1'
-	$(UV) pip install -q --python $(PY) --constraint constraints.txt -e '.[dev,trackers]'
+	$(UV) pip install -q --compile-bytecode --python $(PY) --constraint constraints.txt -e '.[dev,trackers]'
+	$(PY) -m compileall -q labkit widgets
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(PIP) check
 	touch $(STAMP)

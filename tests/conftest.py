@@ -11,16 +11,20 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:  # one torch thread per worker: `make test` runs one worker per core
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-SHARED_GROUP = "lab"
-"""The pytest-xdist group of every test that uses the smoke lab or the browser: they run on one
-worker, so the smoke lab, JupyterLab and Chromium start once per run (``--dist loadgroup``)."""
-SHARED_FIXTURES = {"smoke_lab", "lab", "browser"}
+SHARED_GROUPS = {"smoke_lab": "smoke-lab", "lab": "browser", "browser": "browser"}
+"""The pytest-xdist group of the tests that use each expensive session fixture (the first that
+a test uses, in this order): a group runs on one worker (``--dist loadgroup``), so the smoke lab
+is built once, and JupyterLab and Chromium start once for the browser tests; the two groups
+can run side by side. A test that takes the smoke lab by name (``request.getfixturevalue``)
+is marked ``xdist_group("smoke-lab")`` itself."""
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
+        used = set(getattr(item, "fixturenames", ()))
+        group = next((g for name, g in SHARED_GROUPS.items() if name in used), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 CODE_SAMPLES = ["def f(x):\n    return x + 1\n", "def g(xs):\n    return [x * 2 for x in xs]\n",
                 "### Fix the bug in this Python function.\n### Buggy\n### Fixed\n"] * 40

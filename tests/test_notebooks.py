@@ -410,6 +410,7 @@ def test_notebooks_show_their_exercises_as_registered():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smoke-lab")  # it takes the smoke lab by name: on its worker (conftest.py)
 @pytest.mark.parametrize("index", range(len(__import__("labkit.exercises").exercises.EXERCISES)))
 def test_every_exercise_does_what_it_promises(index, tmp_path, request):
     """Run the notebook at the exercise's parameters and compare with a run at the defaults
