@@ -19,10 +19,18 @@ can run side by side. A test that takes the smoke lab by name (``request.getfixt
 is marked ``xdist_group("smoke-lab")`` itself."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it files each test by them)
 def pytest_collection_modifyitems(config, items):
+    """Each test that shares an expensive session fixture joins its group; a test that uses a
+    module-scoped fixture joins its module's group, so that the fixture is built once (split
+    over two workers, it was built on both)."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         group = next((g for name, g in SHARED_GROUPS.items() if name in used), None)
+        info = getattr(item, "_fixtureinfo", None)
+        if group is None and info is not None and any(
+                defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+            group = item.module.__name__
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -7,8 +7,10 @@ arguments, and ``LABKIT_CHROMIUM`` pointing at a file the stub ``apt-get install
 Nothing is installed for real.
 """
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,48 @@ def test_the_real_script_on_this_machine_and_the_readme_command():
     commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line and not line.startswith("#")]
     assert commands[-1] == "make test" and not any("apt-get" in c for c in commands)
+
+
+GROUPED = '''
+import os
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["GROUP_TEST_OUT"])
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return "built once"
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i, shared):
+    (OUT / f"grouped-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    (OUT / f"free-{i}").write_text(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_make_tests_groups_keep_their_tests_on_one_worker(tmp_path):
+    """`make test` builds each shared fixture once because pytest-xdist's ``--dist loadgroup``
+    keeps a group on one worker (tests/conftest.py files the tests that share a session or a
+    module fixture into groups). A pytest that drops the groups silently (9.2 with
+    pytest-xdist 3.8 did) fails here: the six tests of a module fixture spread over both."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_groups.py").write_text(GROUPED)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+                        "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+                       env={**os.environ, "GROUP_TEST_OUT": str(out)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    workers = {f.name: f.read_text() for f in out.iterdir()}
+    assert len(workers) == 12
+    assert len({w for name, w in workers.items() if name.startswith("grouped")}) == 1, workers
+    assert {w for name, w in workers.items() if name.startswith("free")} <= {"gw0", "gw1"}
