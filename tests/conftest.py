@@ -1,4 +1,5 @@
 import os
+import re
 import time
 from collections import Counter
 
@@ -147,7 +148,8 @@ def pytest_sessionstart(session):
 
 
 def pytest_runtest_logreport(report):
-    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+    test = re.sub(r"@[\w-]+$", "", report.nodeid)  # without pytest-xdist's "@<group>"
+    _DURATIONS[test] = _DURATIONS.get(test, 0.0) + report.duration
     if report.when == "call" or report.outcome != "passed":
         _OUTCOMES[report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"] += 1
 
