@@ -46,16 +46,18 @@ verl-extra: $(VERL_STAMP)
 lab: libseccomp $(STAMP)
 	$(PY) -m labkit lab $(LAB_ARGS)
 
-# Chromium first: a missing browser that cannot be installed stops before the long venv build.
+# A missing browser that cannot be installed stops `make test` with one line saying what to run
+# (.ci/ensure-chromium).
 # Two pytest workers (pytest-xdist), one per core: the tests that share the smoke lab or the
-# browser stay on one worker (conftest.py groups them), the rest are spread.
+# browser, or a module's fixture, stay on one worker (conftest.py groups them), the rest are
+# spread. pytest stays below 9.2, which drops the groups (pyproject.toml).
 PYTEST := $(PY) -m pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
 
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
 	$(PYTEST)
 
-# What the suite needs, the system packages beside the virtualenv: apt-get and pip wait on
+# What the suite needs, the system packages beside the virtualenv: apt-get and pip/uv wait on
 # different things, so `make test` runs the two at once (-j2). The system packages install one
 # after the other (they share dpkg's lock).
 test-setup: system-packages $(VERL_STAMP)

@@ -119,8 +119,8 @@ def test_every_finding_is_one_short_sentence():
 
 def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records(tmp_path):
     """The README's learner's path reads the last full-budget lab record that ran every
-    notebook (smoke runs and failed runs are not read); the suite's table the last fresh and
-    warm runs."""
+    notebook (smoke runs and failed runs are not read); the suite's table the last passing
+    fresh and warm runs."""
     from labkit.machine import append_record
 
     lab_file, tests_file = tmp_path / "lab.jsonl", tmp_path / "tests.jsonl"
@@ -148,8 +148,12 @@ def test_notebook_minutes_and_suite_durations_come_from_the_latest_clean_records
     append_record(tests_file, {"kind": "tests", "command": "pytest -q -m x", "suite": "fast",
                                "seconds": 80.0, "fresh_task_cache": False, "exit_status": 0,
                                "outcomes": {"passed": 2}, "slowest": []})
+    # a failed run of the whole suite is not its table's run either
+    append_record(tests_file, {"kind": "tests", "command": "pytest", "seconds": 70.0,
+                               "fresh_task_cache": True, "exit_status": 1,
+                               "outcomes": {"passed": 2, "failed": 1}, "slowest": []})
     table = findings.test_durations(tests_file)
-    assert "**warm task cache**: not recorded." in table
+    assert "**warm task cache**: not recorded." in table and "540 s + 120 s installing" in table
     assert "**fast tier** (`make test-fast`): 80 s (2 passed; warm task cache;" in table
     assert "warm" not in findings.notebooks(lab_file, tests_file).split("Measured:")[1]
 

@@ -291,10 +291,10 @@ def _suite(records: list[dict], which: str = "full") -> list[dict]:
 
 
 def test_durations(path: str | Path = TEST_RECORDS) -> str:
-    """The suite's latest run, fresh and warm: minutes, outcomes and its slowest tests; then
-    the fast tier's latest run."""
+    """The suite's latest passing run, fresh and warm: minutes, outcomes and its slowest
+    tests; then the fast tier's latest run."""
     lines, records = [], read_records(path)
-    suite = _suite(records)
+    suite = [r for r in _suite(records) if not r.get("exit_status")]
     for fresh, label in ((True, "fresh task cache"), (False, "warm task cache")):
         runs = [r for r in suite if r.get("fresh_task_cache") is fresh]
         if not runs:
