@@ -274,7 +274,7 @@ def test_a_cached_draw_serves_a_shorter_list_and_is_extended_to_a_longer_one():
 # ----------------------------------------------------------------------------- shipped lists
 
 
-def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_path, monkeypatch):
+def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_path, monkeypatch, request):
     """``ship`` writes each spec's list at its own n with the census; a fresh cache then reads
     them with nothing run or drafted. A caller with its own runner, or code that changed since
     the ship, builds instead."""
@@ -282,6 +282,8 @@ def test_shipped_lists_are_read_instead_of_built_and_only_for_the_sandbox(tmp_pa
 
     monkeypatch.setattr(tasks, "LEAK_POOL", (30, (0, 1)))  # a small pool, quick to generate
     tasks._leak_pool.cache_clear()
+    for cached in (tasks._leak_pool, tasks._template_splits):  # no small pool outlives the test
+        request.addfinalizer(cached.cache_clear)
     specs = [{"source": "synthetic", "split": "val", "n": n, "seed": 7} for n in (2, 3)]
     manifest = tasks.ship(specs, tmp_path / "shipped")
     assert [e["tasks"] for e in manifest["lists"]] == [len(load_tasks("synthetic", "val", n=n, seed=7))

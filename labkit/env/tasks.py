@@ -125,13 +125,7 @@ def _template_splits(seed: int, fractions: tuple[float, float, float]) -> dict[s
     """Every census template's split, read from the task cache or the shipped lists when a
     run of this code wrote it there (the census drafts 27,000 functions: seconds per
     process), else computed and cached."""
-    name = _derived_name("template-splits", seed, fractions)
-    found = _read_derived(name)
-    if isinstance(found, dict):
-        return {t: Split(v) for t, v in found.items()}
-    out = _census_splits(seed, fractions)
-    _write_text(cache_dir() / name, json.dumps({t: v.value for t, v in out.items()}))
-    return out
+    return {t: Split(v) for t, v in _derived("template-splits", seed, fractions).items()}
 
 
 def _derived_name(kind: str, seed: int, fractions: tuple[float, ...]) -> str:
@@ -141,16 +135,19 @@ def _derived_name(kind: str, seed: int, fractions: tuple[float, ...]) -> str:
     return f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def _read_derived(name: str) -> Any:
-    """The JSON of ``name`` from the task cache, else from the shipped lists (gzipped there);
-    ``None`` where neither holds a readable one."""
+def _derived(kind: str, seed: int, fractions: tuple[float, ...]) -> Any:
+    """The JSON value ``kind`` (a key of :data:`_DERIVED`) of ``(seed, fractions)`` from the task
+    cache, else from the shipped lists (gzipped there), else computed and written to the cache."""
+    name = _derived_name(kind, seed, fractions)
     shipped = shipped_dir()
     for file in (cache_dir() / name, shipped and shipped / (name + ".gz")):
         try:
             return json.loads(gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_text())
         except (AttributeError, OSError, ValueError, EOFError):  # no folder, no file, a bad one
             continue
-    return None
+    value = _DERIVED[kind](seed, fractions)
+    _write_text(cache_dir() / name, json.dumps(value))
+    return value
 
 
 def _census_splits(seed: int, fractions: tuple[float, float, float]) -> dict[str, Split]:
@@ -199,12 +196,7 @@ def _leak_pool(seed: int, fractions: tuple[float, ...]) -> ReferencePool:
     """The :data:`LEAK_POOL` training references, read from the task cache or the shipped
     lists when a run of this code wrote them there (generating them takes seconds per
     process), else generated and cached."""
-    name = _derived_name("leak-pool", seed, fractions)
-    entries = _read_derived(name)
-    if not isinstance(entries, list):
-        entries = _leak_pool_entries(seed, fractions)
-        _write_text(cache_dir() / name, json.dumps(entries))
-    return ReferencePool(entries=entries)
+    return ReferencePool(entries=_derived("leak-pool", seed, fractions))
 
 
 def _leak_pool_entries(seed: int, fractions: tuple[float, ...]) -> list:
@@ -214,6 +206,15 @@ def _leak_pool_entries(seed: int, fractions: tuple[float, ...]) -> list:
         for p in synthetic_problems("train", n, seed=stream, split_seed=seed, fractions=fractions):
             train.setdefault(p.problem_id, p)
     return pool_entries(list(train.values()))
+
+
+_DERIVED: dict[str, Callable[[int, tuple], Any]] = {
+    "template-splits": lambda seed, fractions: {
+        t: v.value for t, v in sorted(_census_splits(seed, fractions).items())},
+    "leak-pool": lambda seed, fractions: _leak_pool_entries(seed, fractions),
+}
+"""What the synthetic split derives once per ``(seed, fractions)``, as JSON values: the
+census's split of every template, and the leak pool's references (:func:`pool_entries`)."""
 
 
 def synthetic_problems(split: str, n: int, seed: int = 0, split_seed: int = 0,
@@ -738,20 +739,17 @@ def ship(specs: Iterable[Mapping[str, Any]], folder: str | Path | None = None,
     lists, censuses = [], set()
     for name, spec in sorted(chosen.items()):
         tasks = load_tasks(**dataclasses.asdict(spec), runner=run_many, progress=progress)
-        text = "".join(json.dumps(t.to_dict()) + "\n" for t in tasks)
-        (folder / name).write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        _write_gz(folder / name, _jsonl(tasks))
         lists.append({"file": name, "tasks": len(tasks), "spec": dataclasses.asdict(spec)})
         if spec.source == "synthetic":
             censuses.add((spec.split_seed, tuple(_check_fractions(spec.fractions or TEMPLATE_FRACTIONS))))
-    derived = {}
+    derived = set()
     for seed, fractions in sorted(censuses):
-        splits = _census_splits(seed, fractions)
-        derived[_derived_name("template-splits", seed, fractions) + ".gz"] = \
-            {t: v.value for t, v in sorted(splits.items())}
-        derived[_derived_name("leak-pool", seed, fractions) + ".gz"] = _leak_pool_entries(seed, fractions)
-    for name, value in derived.items():
-        (folder / name).write_bytes(gzip.compress(json.dumps(value).encode(), compresslevel=9, mtime=0))
-    keep = {entry["file"] for entry in lists} | set(derived)
+        for kind in _DERIVED:
+            name = _derived_name(kind, seed, fractions) + ".gz"
+            _write_gz(folder / name, json.dumps(_derived(kind, seed, fractions)))
+            derived.add(name)
+    keep = {entry["file"] for entry in lists} | derived
     for old in folder.glob("*.gz"):
         if old.name not in keep:
             old.unlink()
@@ -826,7 +824,16 @@ def _read_cache(file: Path) -> list[RepairTask] | None:
 
 
 def _write_cache(file: Path, tasks: list[RepairTask]) -> None:
-    _write_text(file, "".join(json.dumps(task.to_dict()) + "\n" for task in tasks))
+    _write_text(file, _jsonl(tasks))
+
+
+def _jsonl(tasks: Sequence[RepairTask]) -> str:
+    return "".join(json.dumps(task.to_dict()) + "\n" for task in tasks)
+
+
+def _write_gz(file: Path, text: str) -> None:
+    """``text`` gzipped into ``file``, byte for byte the same for the same text."""
+    file.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
 
 
 def _write_text(file: Path, text: str) -> None:
