@@ -283,6 +283,7 @@ def cmd_train(args) -> int:
     from labkit.config import ConfigError, apply_overrides, load_yaml
     from labkit.loops.trackers import TrackerError
     from labkit.loops.trainer import CheckpointError, RunFolderError, TrainConfig, train_from_config
+    from labkit.provenance import CodeDriftError
 
     try:
         if args.resume:
@@ -302,8 +303,9 @@ def cmd_train(args) -> int:
         raise CLIError(str(e)) from None
     try:
         trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet,
-                                    overwrite=args.overwrite)
-    except (CheckpointError, RunFolderError, TrackerError) as e:
+                                    overwrite=args.overwrite,
+                                    allow_code_drift=args.allow_code_drift)
+    except (CheckpointError, RunFolderError, TrackerError, CodeDriftError) as e:
         raise CLIError(str(e)) from None
     rows = trainer.run.read("metrics.jsonl")
     evals = trainer.run.read("eval.jsonl")
@@ -384,14 +386,21 @@ def cmd_mucode(args) -> int:
 def cmd_experiment(args) -> int:
     from labkit import experiments
     from labkit.config import ConfigError, apply_overrides
+    from labkit.experiments.config import ReuseError, smoke_config
+    from labkit.experiments.pages import PublishError
     from labkit.experiments.stats import verdict
+    from labkit.provenance import CodeDriftError
 
     try:
         module = experiments.load(args.name)
-        exp = apply_overrides(module.Config(), args.set)
+        base = smoke_config(module) if args.smoke else module.Config()
+        exp = apply_overrides(base, args.set)
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
-    md = module.run(exp)
+    try:
+        md = module.run(exp)
+    except (CodeDriftError, PublishError, ReuseError) as e:
+        raise CLIError(str(e)) from None
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())
     groups = {"": results} if "methods" in results else {f"{k}/": v for k, v in results.get("regimes", {}).items()}
@@ -404,6 +413,26 @@ def cmd_experiment(args) -> int:
                 summary[f"{prefix}{m}_paired_change"] = round(r["paired_change"]["mean"], 4)
                 summary[f"{prefix}{m}_verdict"] = verdict(r["paired_change"])
     _emit({"experiment": args.name, "report": str(md), **summary})
+    return 0
+
+
+def cmd_results(args) -> int:
+    from labkit.experiments import EXPERIMENTS
+    from labkit.experiments.pages import restat
+
+    done = []
+    for f in args.files:
+        path = Path(f)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CLIError(f"{f}: cannot read a results JSON ({e})") from None
+        if str(data.get("experiment", "")).split("/")[0] not in EXPERIMENTS:
+            print(f"{f}: not an experiment's results; left alone")
+            continue
+        done.append(str(restat(path)))
+        print(f"{f}: statistics computed again; {done[-1]} rendered")
+    _emit({"action": args.action, "pages": done})
     return 0
 
 
@@ -517,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field, e.g. --set loss.kl_coef=0.01 --set steps=50")
     tr.add_argument("--resume", metavar="RUN_DIR", help="resume a run from its last checkpoint")
+    tr.add_argument("--allow-code-drift", action="store_true",
+                    help="with --resume: continue a run trained by other code (another commit or "
+                         "other uncommitted changes; default: refuse)")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.add_argument("--overwrite", action="store_true",
                     help="replace a run already in run_dir (default: refuse)")
@@ -534,11 +566,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set iterations=1 --set verifier.loss=bce")
     mc.set_defaults(func=cmd_mucode)
 
-    ex = sub.add_parser("experiment", help="multi-seed comparisons written to docs/results/")
-    ex.add_argument("name", help="reshaping, didpo, credit or mucode")
+    ex = sub.add_parser("experiment", help="multi-seed comparisons with paired held-out "
+                                           "evaluation, controls and verdicts (runs/results/ by "
+                                           "default; --set out=docs/results publishes)")
+    ex.add_argument("name", help="learning, reshaping, didpo, credit or mucode")
+    ex.add_argument("--smoke", action="store_true",
+                    help="the experiment's tiny budget: the whole pipeline in minutes; its page "
+                         "says its numbers decide nothing")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
+                    help="override the experiment's config, e.g. --set steps=30 --set seeds=[0,1,2]")
     ex.set_defaults(func=cmd_experiment)
+
+    rs = sub.add_parser("results", help="committed results: compute their statistics again "
+                                        "(restat) from their per-task data, without training")
+    rs.add_argument("action", choices=["restat"], help="restat: every change, claim and control "
+                                                       "read again with this code's statistics")
+    rs.add_argument("files", nargs="+", help="results JSON files (e.g. docs/results/*.json)")
+    rs.set_defaults(func=cmd_results)
 
     dc = sub.add_parser("docs", help="write the generated tables of the README and docs/ (results "
                                      "findings, benchmarks, model quality, the reference) from "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from labkit import provenance
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
@@ -63,17 +65,22 @@ class Checkpointing:
         self.events.emit("on_checkpoint", trainer=self, step=self.step, path=final)
         return final
 
-    def resume(self) -> int:
+    def resume(self, allow_code_drift: bool = False) -> int:
         """Continue the run in ``run_dir``: from its newest intact checkpoint (a corrupt newer
         one is skipped, and said so), or from step 0 when it was stopped before its first
         checkpoint (its partial logs are dropped). Stale ``.tmp`` checkpoint folders are
-        removed. Returns the step training continues from."""
+        removed. A run trained by other code (another commit or other uncommitted changes,
+        :mod:`labkit.provenance`) is refused (:class:`labkit.provenance.CodeDriftError`) unless
+        ``allow_code_drift``; the resume is recorded in its ``provenance.json``. Returns the
+        step training continues from."""
         for stale in (self.run.path / "checkpoints").glob("*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
             print(f"{stale}: removed a checkpoint left half-written", flush=True)
         self._resumed = True
         done = [p for p in sorted((self.run.path / "checkpoints").glob("step_*"), reverse=True)
                 if p.is_dir()]
+        if done:  # a checkpoint carries on what that code trained (every rank reads the same record)
+            provenance.refuse_drift(self.run.path, "resume", allow_code_drift)
         errors = []
         for path in done:
             try:
@@ -82,6 +89,8 @@ class Checkpointing:
                 errors.append(str(e))
                 print(f"{e}; trying an older checkpoint", flush=True)
                 continue
+            if self.is_main:
+                provenance.record_resume(self.run.path)
             return step
         if errors:
             raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'}: "

@@ -82,6 +82,8 @@ class RunFolder:
 
         for n in self.RUN_FILES:
             self.file(n).unlink(missing_ok=True)
+        for record in [*self.path.glob("provenance*.diff"), self.file("provenance.json")]:
+            record.unlink(missing_ok=True)
         shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
         shutil.rmtree(self.path / "trackers", ignore_errors=True)
 

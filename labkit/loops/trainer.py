@@ -41,6 +41,7 @@ from labkit.env.feedback import BuggyBaselines, ProgressTracker, evaluate_many, 
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
+from labkit import provenance
 from labkit.loops import metrics as M
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
                                       latest_checkpoint)
@@ -190,6 +191,7 @@ class Trainer(Checkpointing):
                 self.run.clear()
             if self.is_main:
                 self.run.write_json("config.json", to_dict(cfg))
+                provenance.record_start(self.run.path)
         if self.is_main:
             self.run.mark_running()
         if self.step == 0:
@@ -544,12 +546,13 @@ def _agg_weight(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(-1) > 0).sum())
 
 
-def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True, **kwargs) -> Trainer:
-    """Build a trainer (resuming the run in its folder if asked: :meth:`Trainer.resume`) and
-    train."""
+def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True,
+                      allow_code_drift: bool = False, **kwargs) -> Trainer:
+    """Build a trainer (resuming the run in its folder if asked: :meth:`Trainer.resume`, which
+    refuses a run of other code unless ``allow_code_drift``) and train."""
     trainer = Trainer(cfg, **kwargs)
     if resume:
-        trainer.resume()
+        trainer.resume(allow_code_drift=allow_code_drift)
     try:
         trainer.train(progress=progress)
     finally:
