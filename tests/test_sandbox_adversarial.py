@@ -1036,6 +1036,130 @@ def test_fail_fast_is_not_an_answer_oracle_across_checks():
     assert not _key_in_user_keyring(uid, "labkit-oracle")
 
 
+# ----------------------------------------------------------------------------- the filter
+
+def _syscall_number(name: str) -> int:
+    import pyseccomp
+
+    return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name)
+
+
+# The host's page cache is shared by every check. Evicting a page of a read-only standard
+# library file (fadvise) and loading it (a read) writes a bit; a read that must not wait
+# (preadv2 with RWF_NOWAIT fails with EAGAIN when the page is not cached) or cachestat reads
+# it back, in the next check.
+PAGE_CACHE = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+
+def refused(call):
+    try:
+        return call()
+    except PermissionError:
+        return "refused"
+
+def cachestat(fd):
+    window, stats = (ctypes.c_uint64 * 2)(0, 4096), (ctypes.c_uint64 * 5)()
+    if libc.syscall({cachestat}, fd, window, stats, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cachestat")
+    return stats[0]
+
+def nowait(fd):
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        return "cached"
+    except BlockingIOError:
+        return "not cached"
+
+def readahead(fd):
+    if libc.syscall({readahead}, fd, 0, 4096) != 0:
+        raise OSError(ctypes.get_errno(), "readahead")
+    return "read ahead"
+
+def f(path, action):
+    fd = os.open(path, os.O_RDONLY)
+    if action == "evict":
+        return refused(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED) or "evicted")
+    if action == "load":
+        return [len(os.pread(fd, 4096, 0)) > 0, refused(lambda: readahead(fd))]
+    own = os.open("own", os.O_RDWR | os.O_CREAT)  # cachestat also needs a file one may write
+    os.write(own, b"x" * 4096)
+    return [refused(lambda: nowait(fd)), refused(lambda: cachestat(own))]
+"""
+
+
+def _page_cache_checks(sandbox: Sandbox, steps: list[tuple[str, object]]) -> list[SandboxResult]:
+    path = os.path.join(_stdlib_dirs()[0], "this.py")  # a file no process here reads
+    code = PAGE_CACHE.format(cachestat=_syscall_number("cachestat"),
+                             readahead=_syscall_number("readahead"))
+    return [sandbox.run(Candidate(code, TestSuite(cases=(IOCase((path, action), want),)), "f"))
+            for action, want in steps]
+
+
+def test_bits_left_in_the_page_cache_are_not_readable_by_the_next_check(sandbox):
+    """Without the filter (the control) one check evicts or loads the page and the next one
+    reads that bit; with it, evicting, loading ahead and every way of reading the bit are
+    refused (``EPERM``), and an ordinary read tells nothing."""
+    refused = _page_cache_checks(sandbox, [("evict", "refused"), ("load", [True, "refused"]),
+                                           ("probe", ["refused", "refused"])])
+    assert all(r.ok for r in refused), [r.outcomes for r in refused]
+    with Sandbox(SandboxConfig(workers=1, use_seccomp=False)) as unfiltered:
+        channel = _page_cache_checks(unfiltered, [
+            ("load", [True, "read ahead"]), ("probe", ["cached", 1]),
+            ("evict", "evicted"), ("probe", ["not cached", 1])])
+    assert all(r.ok for r in channel), [r.outcomes for r in channel]
+
+
+SOCKETS_AND_CALLS = """
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+
+def f(what, *args):
+    try:
+        if what == "socket":
+            socket.socket(*args).close()
+        elif what == "socketpair":
+            for end in socket.socketpair(*args):
+                end.close()
+        elif what == "memfd":
+            os.close(os.memfd_create("x"))
+        elif libc.syscall(*args) != 0:  # a raw system call: its number, then its arguments
+            raise OSError(ctypes.get_errno(), what)
+        return "allowed"
+    except PermissionError:
+        return "refused"
+    except OSError as e:
+        return f"failed otherwise ({e.errno})"
+"""
+
+
+def test_vsock_and_netlink_sockets_and_other_unneeded_calls_are_refused(sandbox):
+    """Sockets of any family but AF_UNIX are refused by the filter (EPERM, which the kernel
+    itself never answers for these): AF_VSOCK (the hypervisor listens there, outside the
+    empty network namespace), netlink (sock_diag lists the host's sockets, uevent its
+    devices), and AF_INET/AF_INET6. So are executable-memory files (memfd_create), seccomp
+    user-notification listeners and Linux AIO (reads that tell whether a page is cached)."""
+    stream, dgram, raw = (int(kind) for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM,
+                                                 socket.SOCK_RAW))
+    inet, inet6, unix = (int(f) for f in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX))
+    seccomp, io_setup = _syscall_number("seccomp"), _syscall_number("io_setup")
+    cases = {
+        ("socket", 40, stream): "refused",  # AF_VSOCK
+        ("socket", 16, raw, 4): "refused",  # AF_NETLINK, NETLINK_SOCK_DIAG
+        ("socket", 16, dgram, 15): "refused",  # AF_NETLINK, NETLINK_KOBJECT_UEVENT
+        ("socket", inet, stream): "refused",
+        ("socket", inet6, dgram): "refused",
+        ("socket", unix, stream): "allowed",
+        ("socketpair", unix, stream): "allowed",
+        ("memfd",): "refused",
+        ("seccomp", seccomp, 1, 8, 0): "refused",  # SET_MODE_FILTER, FLAG_NEW_LISTENER
+        ("io_setup", io_setup, 1, 0): "refused",  # without the filter: EFAULT, not EPERM
+    }
+    tests = TestSuite(cases=tuple(IOCase(args, want) for args, want in cases.items()))
+    r = sandbox.run(Candidate(SOCKETS_AND_CALLS, tests, "f"))
+    assert r.ok, [o.detail for o in r.outcomes if not o.ok]
+
+
 # ----------------------------------------------------------------------------- decoding
 
 LOAD, END = '{"k":"load","ok":true}', '{"k":"end"}'
