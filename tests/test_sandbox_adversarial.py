@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import sys
 import sysconfig
 import time
@@ -1158,6 +1159,122 @@ def test_vsock_and_netlink_sockets_and_other_unneeded_calls_are_refused(sandbox)
     tests = TestSuite(cases=tuple(IOCase(args, want) for args, want in cases.items()))
     r = sandbox.run(Candidate(SOCKETS_AND_CALLS, tests, "f"))
     assert r.ok, [o.detail for o in r.outcomes if not o.ok]
+
+
+# ----------------------------------------------------------------------------- PID namespace, cgroup
+
+# Linux hands out pids in order: a check that starts threads until the next pid has a chosen
+# remainder leaves bits that the next check reads from its own pid (or /proc/loadavg).
+PID_WRITER = """
+import threading
+def f(n):
+    for _ in range(n):
+        t = threading.Thread(target=int)
+        t.start()
+        t.join()
+    return n
+"""
+PID_READER = """
+import os
+def f(host_pid):
+    try:
+        with open("/proc/loadavg") as f:
+            loadavg = f.read().split()[-1]  # the last pid handed out
+    except OSError:
+        loadavg = None
+    try:
+        os.kill(host_pid, 0)
+        host = "visible"
+    except ProcessLookupError:
+        host = "invisible"
+    except PermissionError:
+        host = "visible"
+    listed = sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+    return [os.getpid(), listed, loadavg in (None, "1"), host]
+"""
+
+
+@root_only
+def test_bits_left_in_the_pid_counter_are_not_readable_by_the_next_check(sandbox):
+    """Every check is pid 1 of a PID namespace of its own: whatever the previous check did to
+    the pid counter, the next one sees pid 1, a /proc listing only itself (and a loadavg, if
+    its /proc has one, whose last pid is its own), and no process of the host."""
+    tests = TestSuite(cases=(IOCase((os.getpid(),), [1, [1], True, "invisible"]),))
+    for n in (0, 7, 12):
+        wrote = sandbox.run(Candidate(PID_WRITER, TestSuite(cases=(IOCase((n,), n),)), "f"))
+        read = sandbox.run(Candidate(PID_READER, tests, "f"))
+        assert wrote.ok and read.ok, (wrote.outcomes, read.outcomes)
+    assert sandbox.protections["pid_namespace"]
+
+
+# RLIMIT_AS caps each process and RLIMIT_NPROC their number, not their total: a check that
+# forks could hold nproc x memory_mb. The check's cgroup caps the sum.
+MEMORY_HOGS = """
+import os, select
+def f(n, mib):
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    children = []
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            held = b"x" * (mib << 20)  # written, so resident
+            os.write(ready_w, bytes([i]))
+            os.read(go_r, 1)  # hold it until every child is ready or dead
+            os._exit(0)
+        children.append(pid)
+    os.close(ready_w)
+    state = dict.fromkeys(range(n), "pending")
+    while "pending" in state.values():
+        if select.select([ready_r], [], [], 0.02)[0]:
+            for i in os.read(ready_r, n):
+                state[i] = "ready"
+        for i, pid in enumerate(children):
+            if state[i] != "dead" and os.waitpid(pid, os.WNOHANG)[0] == pid:
+                state[i] = "dead"
+    os.write(go_w, bytes(n))
+    for i, pid in enumerate(children):
+        if state[i] != "dead":
+            os.waitpid(pid, 0)
+    return [list(state.values()).count("ready"), list(state.values()).count("dead")]
+"""
+
+
+@root_only
+def test_a_checks_processes_together_cannot_pass_its_memory_cap():
+    """Four processes of one check each try to hold 100 MiB, well inside their own address
+    space limit (384 MiB). Under the check's cap of 256 MiB at most two hold it at once: the
+    kernel kills the others (in the check's cgroup only). Without the cgroup (the control)
+    all four do. Another process of the host lives on, and so does the pool."""
+    tests = TestSuite(cases=(IOCase((4, 100), "all four held"),))
+    limits = {"workers": 1, "memory_mb": 384, "check_memory_mb": 256, "nproc": 32,
+              "timeout_s": 30.0, "test_timeout_s": None}
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        with Sandbox(SandboxConfig(**limits)) as capped:
+            assert capped.protections["cgroup"]
+            r = capped.run(Candidate(MEMORY_HOGS, tests, "f"))
+            held, killed = _returned(r.outcomes[0])
+            assert held * 100 <= 256 and held + killed == 4 and killed >= 2, r.outcomes
+            assert capped.run(Candidate("def f(x):\n    return x\n",
+                                        TestSuite(cases=(IOCase((1,), 1),)), "f")).ok
+        with Sandbox(SandboxConfig(**limits, use_cgroup=False)) as uncapped:
+            assert _returned(uncapped.run(Candidate(MEMORY_HOGS, tests, "f")).outcomes[0]) \
+                == [4, 0]
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def _returned(outcome) -> object:
+    """What a candidate returned, read back from a failed outcome's detail."""
+    import ast
+    import re
+
+    match = re.search(r"got (.*) \(\w+\)$", outcome.detail)
+    assert match, outcome.detail
+    return ast.literal_eval(match.group(1))
 
 
 # ----------------------------------------------------------------------------- decoding

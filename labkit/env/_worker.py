@@ -88,7 +88,12 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 0x4000, 0x40000, 0x200000, 0x1000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
-CLONE_NEWUSER = 0x10000000
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+# clone has no Python wrapper; its system call number by machine, on the machines whose
+# argument order starts (flags, stack, ...) (not s390, which swaps the first two)
+SYS_CLONE = {"x86_64": 56, "amd64": 56, "aarch64": 220, "arm64": 220, "riscv64": 220,
+             "loongarch64": 220, "ppc64le": 120, "ppc64": 120}
+CHECK_NAMESPACES = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC  # new for every check
 MNT_DETACH = 2
 # statvfs flags that a bind mount must keep when remounted (they may be locked)
 ST_KEEP, ST_RELATIME = 0x2 | 0x4 | 0x8 | 0x400 | 0x800, 0x1000  # nosuid nodev noexec noatime nodiratime
@@ -118,17 +123,21 @@ REAP_GRACE_S = 2.0  # how long to wait for killed processes to be reaped
 STREAM_AFTER_S = 0.05  # fail-fast checks forward their lines once they have run this long
 
 
-def _load_plain():
-    """``labkit/env/plain.py`` by path: the codec without importing the rest of labkit."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain.py")
-    spec = importlib.util.spec_from_file_location("_labkit_sandbox_plain", path)
+def _load_sibling(name: str):
+    """``labkit/env/<name>.py`` by path (a standard-library-only module: the codec, the
+    cgroup helpers) without importing the rest of labkit."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_labkit_sandbox_{name}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-plain = _load_plain()
+plain = _load_sibling("plain")
+cgroups = _load_sibling("cgroups")
 libc = ctypes.CDLL(None, use_errno=True)
+libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # for clone: no thread may run meanwhile
 
 
 def _libc_call(name: str, *args) -> None:
@@ -176,6 +185,40 @@ def _pivot_root(new_root: str) -> None:
     except OSError as e:  # the host's root is still reachable: never run a check like that
         raise RuntimeError(f"cannot detach the old root after pivot_root: {e}") from None
     os.chdir("/")
+
+
+def clone_process(flags: int) -> int:
+    """``os.fork()`` into new namespaces: the child starts in those of ``flags`` (with
+    ``CLONE_NEWPID`` as pid 1 of a new PID namespace, which ``unshare`` cannot give the
+    calling process itself, only its next child). Returns 0 in the child and the child's pid
+    in the parent, and runs Python's fork hooks, as :func:`os.fork` does. The C library's own
+    fork handlers do not run, so call it from a single-threaded process (the worker is); the
+    child's C library still holds the parent's thread id, which only the ``pthread``
+    functions aimed at the main thread by id read (``raise`` asks the kernel)."""
+    number = SYS_CLONE.get(platform.machine())
+    if number is None:
+        raise OSError(f"clone: unknown system call on {platform.machine()}")
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = libc_holding_gil.syscall(ctypes.c_long(number), ctypes.c_ulong(flags | signal.SIGCHLD),
+                                   None, None, None, None)
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    errno = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"clone: {os.strerror(errno)}")
+    return pid
+
+
+def mount_proc(options: str) -> None:
+    """Mount a ``/proc`` for this process's PID namespace over the view's ``/proc`` (in this
+    process's own mount namespace), read-only."""
+    _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, options or None)
+
+
+def _pids_in_proc() -> list[int]:
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
 
 
 # ----------------------------------------------------------------------------- framing
@@ -481,8 +524,12 @@ class Isolation:
             "no_new_privs": False, "net_namespace": False, "mount_namespace": False,
             "ipc_namespace": False, "allowlist_root": False, "readonly_root": False,
             "hidden_paths": False, "private_tmp": False, "seccomp": False,
+            "pid_namespace": False, "cgroup": False,
         }
-        self.ipc_per_check = False  # children unshare a fresh IPC namespace
+        self.ipc_per_check = False  # every check gets a fresh IPC namespace
+        self.check_namespaces = 0  # clone flags of every check's first process (PID, mount, IPC)
+        self.proc_options = ""  # how that process mounts its own /proc
+        self.cgroup = None  # the leaf cgroup (cgroups.CheckCgroup) every check joins
         self.private_dirs: list[str] = []  # private tmpfs mounts, new for every check
         self._tmpfs_options: dict[str, tuple[int, str]] = {}  # their flags and options
         self.seccomp: SockFprog | None = None  # the filter every check's processes install
@@ -504,10 +551,16 @@ class Isolation:
         elif cfg["drop_privileges"]:
             self.notes.append("not root: checks run as the caller's uid")
         self.protections["process_sweep"] = self.subreaper or self.uid is not None
+        if cfg.get("use_cgroup", True) and self.root:
+            self._make_cgroup()  # before the view shrinks: it needs the host's /sys
+        elif cfg.get("use_cgroup", True):
+            self.notes.append("not root: no cgroup; a check's memory is capped per process only")
         if cfg["use_namespaces"] and self.root:
             self._enter_namespaces()
         elif cfg["use_namespaces"]:
             self.notes.append("not root: no network or mount namespace")
+        if self.protections["mount_namespace"] and cfg.get("use_pid_namespace", True):
+            self._probe_pid_namespace()
         if not self.protections["mount_namespace"] and self.uid is not None:
             self.shared_tmp_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
                                     if os.path.isdir(d)]
@@ -541,6 +594,62 @@ class Isolation:
         else:
             self.notes.append(f"the seccomp filter did not load or deny in a probe (status "
                               f"{status}): checks run without it")
+
+    def _make_cgroup(self) -> None:
+        """One leaf cgroup for this worker's checks, with the memory maximum of a check
+        (``check_memory_mb``, by default ``memory_mb``) and its process maximum (``nproc``),
+        named after the uid (unique on the host) or, without one, after this worker."""
+        limits = self.cfg["limits"]
+        name = (f"labkit-sandbox-{self.uid}" if self.uid is not None
+                else f"labkit-sandbox-w{os.getpid()}")
+        memory_mb = self.cfg.get("check_memory_mb") or limits["memory_mb"]
+        group, why = cgroups.create(name, memory_mb << 20, limits["nproc"])
+        if group is None:
+            self.notes.append(f"no cgroup: a check's memory is capped per process only ({why})")
+            return
+        self.cgroup = group
+        self.protections["cgroup"] = True
+
+    def release_cgroup(self) -> None:
+        """Close the cgroup's files and remove it (every process of it has been killed)."""
+        if self.cgroup is not None:
+            cgroups.close(self.cgroup, remove=True)
+            self.cgroup = None
+
+    def _probe_pid_namespace(self) -> None:
+        """Check in a throwaway child that a check can start as pid 1 of a new PID namespace
+        (with a mount and an IPC namespace of its own) and mount a ``/proc`` for it that
+        lists nothing else; with ``subset=pid`` (Linux 5.8) that ``/proc`` has the process
+        directories only, none of the host-wide files (``loadavg``, ``meminfo``, ``sys``)."""
+        if platform.machine() not in SYS_CLONE:
+            self.notes.append(f"no PID namespace per check: clone's arguments on "
+                              f"{platform.machine()} are not known here")
+            return
+        for options in ("subset=pid", ""):
+            try:
+                probe = clone_process(CHECK_NAMESPACES)
+            except OSError as e:
+                self.notes.append(f"no PID namespace per check: {e}")
+                return
+            if probe == 0:
+                code = 3
+                try:
+                    mount_proc(options)
+                    code = 0 if os.getpid() == 1 and _pids_in_proc() == [1] else 4
+                except BaseException:
+                    code = 5
+                finally:
+                    os._exit(code)
+            if os.waitpid(probe, 0)[1] == 0:
+                self.check_namespaces, self.proc_options = CHECK_NAMESPACES, options
+                self.protections["pid_namespace"] = True
+                return
+        self.notes.append("no PID namespace per check: a new one could not mount its /proc")
+
+    def fork_check(self) -> int:
+        """Fork a check's first process: into new PID, mount and IPC namespaces where the
+        probe allowed it, else a plain fork. Returns as :func:`os.fork` does."""
+        return clone_process(self.check_namespaces) if self.check_namespaces else os.fork()
 
     def _claim_uid(self, base: int) -> None:
         """Take the first uid from ``base`` that no other sandbox worker on this host holds."""
@@ -1059,21 +1168,28 @@ def child_main(job: dict, cfg: dict, iso: Isolation, workdir: str, devnull: int,
     then (with ``calls``, the read end of the grader's requests and the write end of the
     replies) the calls the grader makes for the assert tests.
 
-    Confinement, in order: a new session, the descriptors it needs and no other, a fresh
-    IPC namespace, rlimits, the sandbox uid, a session keyring of its own (and its uid's
-    keyrings emptied), then the seccomp filter. Never returns: the process ends with
-    ``os._exit`` so neither the worker's nor the candidate's ``atexit`` handlers run.
+    Confinement, in order: a new session; a ``/proc`` of its own when it is pid 1 of a new
+    PID namespace (it was cloned into that, a mount and an IPC namespace), else a fresh IPC
+    namespace; the worker's cgroup (the memory and process maxima of the check); the
+    descriptors it needs and no other; rlimits, the sandbox uid, a session keyring of its
+    own (and its uid's keyrings emptied), then the seccomp filter. Never returns: the
+    process ends with ``os._exit`` so neither the worker's nor the candidate's ``atexit``
+    handlers run.
     """
     status = 70
     try:
         os.setsid()
+        if iso.check_namespaces:
+            mount_proc(iso.proc_options)
+        elif iso.ipc_per_check:
+            _libc_call("unshare", CLONE_NEWIPC)
+        if iso.cgroup is not None:
+            cgroups.join(iso.cgroup)
         fds = {0: devnull, 1: devnull, 2: err_w, RESULT_FD: res_w}
         if calls is not None:
             fds.update({CALL_FD: calls[0], REPLY_FD: calls[1]})
-        _place_fds(fds)
+        _place_fds(fds)  # also closes the cgroup's files: no process of the check holds one
         os.chdir(workdir)
-        if iso.ipc_per_check:
-            _libc_call("unshare", CLONE_NEWIPC)
         _set_limits(cfg["limits"], nproc=True)
         if iso.uid is not None:
             os.setgroups([])
@@ -1349,7 +1465,8 @@ class Worker:
                 grader, calls = (gpid, verdict_r), (call_r, reply_w)
         finally:
             zero(secret)
-        pid = os.fork()
+        oom_kills = cgroups.oom_kills(self.iso.cgroup) if self.iso.cgroup else 0
+        pid = self.iso.fork_check()
         if pid == 0:
             child_main(job, self.cfg, self.iso, workdir, self.devnull, err_w, res_w, calls)
         for fd in (res_w, err_w, *(calls or ())):
@@ -1361,6 +1478,8 @@ class Worker:
                                              start + float(job["timeout"]), stream_from,
                                              float(test_timeout) if test_timeout else None)
             header["wall_s"] = time.monotonic() - start
+            if self.iso.cgroup and cgroups.oom_kills(self.iso.cgroup) > oom_kills:
+                header["memory_capped"] = True  # the kernel killed a process of this check
         finally:
             for fd in (res_r, err_r, *((grader[1],) if grader else ())):
                 os.close(fd)
@@ -1564,6 +1683,7 @@ def main() -> None:
             break
     isolation.sweep()
     reap_all(REAP_GRACE_S)
+    isolation.release_cgroup()
 
 
 if __name__ == "__main__":

@@ -139,9 +139,15 @@ class SandboxConfig:
     """CPU seconds per process (RLIMIT_CPU): a backstop behind the wall deadline."""
     memory_mb: int = 1024
     """Address space per process (RLIMIT_AS), in MiB; exceeding it raises MemoryError."""
+    check_memory_mb: int | None = None
+    """Memory of all of a check's processes together (their pages, its ``/tmp`` files, the
+    kernel's memory for them), in MiB, enforced by the check's cgroup: past it the kernel
+    kills the largest of them. ``None`` means :attr:`memory_mb`, the most one process may map.
+    Needs a writable cgroup (root); see :attr:`use_cgroup`."""
     nproc: int = 64
-    """Processes and threads of the sandbox uid (RLIMIT_NPROC): stops fork bombs. Without a
-    uid of its own (not root) this counts every process of the caller's user."""
+    """Processes and threads of the sandbox uid (RLIMIT_NPROC), and of the check's cgroup
+    (``pids.max``): stops fork bombs. Without a uid of its own (not root) this counts every
+    process of the caller's user."""
     nofile: int = 64
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     fsize_mb: int = 16
@@ -158,6 +164,16 @@ class SandboxConfig:
     """Empty network namespace, a fresh IPC namespace per check, a private mount namespace
     whose root holds only the allow-list (read-only), private ``/tmp``. Needs root on Linux;
     off otherwise, and :attr:`Sandbox.protections` says so."""
+    use_pid_namespace: bool = True
+    """Start every check as pid 1 of a PID namespace of its own, with a ``/proc`` of its own:
+    it sees no other process, and pid numbers and ``/proc`` tell nothing of other checks.
+    Needs the mount namespace (:attr:`use_namespaces`); off otherwise."""
+    use_cgroup: bool = True
+    """Run every check in its worker's cgroup, which caps the memory
+    (:attr:`check_memory_mb`) and the processes (:attr:`nproc`) of all of the check's
+    processes together. Needs a writable cgroup (v2 delegating ``memory`` and ``pids``, or
+    v1 with both controllers) and root; where there is none, only the per-process limits
+    hold, :attr:`Sandbox.notes` says why and a warning is issued."""
     drop_privileges: bool = True
     """Run checks as a dedicated non-root uid per worker (needs root). Also what makes the
     post-check sweep exact: every process of that uid is killed."""
@@ -185,6 +201,8 @@ class SandboxConfig:
         positive = ("workers", "timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb",
                     "max_output_bytes", "tmpfs_mb", "max_code_bytes")
         bad = [name for name in positive if not getattr(self, name) > 0]
+        if self.check_memory_mb is not None and not self.check_memory_mb > 0:
+            bad.append("check_memory_mb")
         if self.test_timeout_s is not None and not self.test_timeout_s > 0:
             bad.append("test_timeout_s")
         if bad or self.nofile < 8:
@@ -380,6 +398,11 @@ class Sandbox:
                 warnings.warn(f"labkit sandbox: checks run WITHOUT the seccomp system-call "
                               f"filter: {'; '.join(sorted(notes))}", RuntimeWarning,
                               stacklevel=3)
+            if self.config.use_cgroup and not combined.get("cgroup"):
+                notes = {n for w in workers for n in w.info.get("notes", ()) if "cgroup" in n}
+                warnings.warn(f"labkit sandbox: a check's memory is capped per process only "
+                              f"(no cgroup): {'; '.join(sorted(notes))}", RuntimeWarning,
+                              stacklevel=3)
         return self
 
     def close(self) -> None:
@@ -401,10 +424,11 @@ class Sandbox:
         """Which protections are really active (starts the pool): ``parent_grading``,
         ``rlimits``, ``session``, ``wall_deadline``, ``output_cap``, ``minimal_env``,
         ``process_sweep``, ``non_root_uid``, ``no_new_privs``, ``net_namespace``,
-        ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``allowlist_root``
-        (the file system holds only the allow-list), ``readonly_root``, ``hidden_paths``,
-        ``private_tmp``, ``seccomp`` (the system-call filter; :attr:`notes` says why when it
-        is off)."""
+        ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``pid_namespace`` (a
+        fresh one per check, with its own ``/proc``), ``allowlist_root`` (the file system
+        holds only the allow-list), ``readonly_root``, ``hidden_paths``, ``private_tmp``,
+        ``seccomp`` (the system-call filter), ``cgroup`` (memory and processes capped over
+        all of a check's processes); :attr:`notes` says why one is off."""
         self.start()
         return dict(self._protections)
 
@@ -428,6 +452,8 @@ class Sandbox:
         return {
             "seccomp_bpf": program, "seccomp_note": why,
             "uid_base": c.uid_base, "use_namespaces": c.use_namespaces,
+            "use_pid_namespace": c.use_pid_namespace, "use_cgroup": c.use_cgroup,
+            "check_memory_mb": c.check_memory_mb,
             "drop_privileges": c.drop_privileges, "tmpfs_mb": c.tmpfs_mb,
             "limits": {"cpu_s": c.cpu_s, "memory_mb": c.memory_mb, "nproc": c.nproc,
                        "nofile": c.nofile, "fsize_mb": c.fsize_mb},
@@ -945,6 +971,9 @@ def _classify(header: Mapping, t: _Transcript, g: _Transcript, corrupt: str,
                                 f"were reported")
     if header.get("capped"):
         return Status.KILLED, f"output cap exceeded on {header['capped']}"
+    if sig == signal.SIGKILL and header.get("memory_capped"):
+        return Status.KILLED, ("memory cap of the check (check_memory_mb, all its processes "
+                               "together) hit: the kernel killed it")
     if sig in _SIGNAL_LIMITS:
         return Status.KILLED, _SIGNAL_LIMITS[sig]
     if sig:
