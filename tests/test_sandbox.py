@@ -258,16 +258,23 @@ def test_results_come_back_in_input_order_when_loops_are_sent_first(sandbox):
     assert "70" in results[7].outcomes[0].detail  # its own output, 10 * 7
 
 
-def test_fail_fast_stops_at_the_first_failure():
-    code = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
+def test_fail_fast_grades_up_to_the_first_failure_and_stops_only_at_the_candidates_own():
+    """A wrong answer (test 1) does not end the check: it runs on into the loop at x == 2
+    until the per-test limit, since ending it at once would tell the candidate that its
+    answer was wrong. An exception (which the candidate knows it raised) ends it at once.
+    Either way nothing after the first failure is graded."""
+    wrong = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
+    raises = "def f(x):\n    if x == 1:\n        raise ValueError(x)\n" + wrong.split("\n", 1)[1]
     tests = suite(IOCase((0,), 1), IOCase((1,), 5), IOCase((2,), 3), IOCase((3,), 4))
-    with Sandbox(SandboxConfig(workers=1, timeout_s=5.0, fail_fast=True)) as sb:
-        t0 = time.monotonic()
-        r = sb.run(Candidate(code, tests, "f"))
-        assert time.monotonic() - t0 < 2.0  # the loop at x == 2 was never waited for
-        assert r.status is Status.FAILED and r.passed == 1
-        assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
+    config = SandboxConfig(workers=1, timeout_s=5.0, test_timeout_s=1.0, fail_fast=True)
+    with Sandbox(config) as sb:
+        answered, raised = sb.run(Candidate(wrong, tests, "f")), sb.run(Candidate(raises, tests, "f"))
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
+    for r in (answered, raised):
+        assert r.status is Status.FAILED and r.passed == 1, r
+        assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
+    assert answered.wall_s >= 1.0  # the per-test limit, counted from test 1's line
+    assert raised.wall_s < 0.8  # the loop at x == 2 was not waited for
 
 
 # ----------------------------------------------------------------------------- the pool

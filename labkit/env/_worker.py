@@ -1511,9 +1511,11 @@ class Worker:
         have exited, the deadline passes, no result line has come for ``test_timeout``
         seconds (one test ran too long), output overflows the cap or the parent asks to stop
         this check; then kill both process groups and reap them.
-        From time ``stream_from`` on (if given), complete lines are forwarded to the parent
-        as they come (``{"partial": true}`` frames, with ``"grader": true`` for verdicts) so
-        that it can grade them early; most checks end before that and cost no extra frames."""
+        From time ``stream_from`` on (if given), the child's complete lines are forwarded to
+        the parent as they come (``{"partial": true}`` frames) so that it can stop the check
+        at a failure the candidate made itself (an exception, an output that is not plain);
+        most checks end before that and cost no extra frames. The grader's verdicts are
+        never forwarded: whether an answer was right must not decide when a check ends."""
         cap = self.cfg["max_output_bytes"]
         result, verdicts = bytearray(), bytearray()
         stderr = _Tail(self.cfg["stderr_tail_bytes"])
@@ -1531,11 +1533,11 @@ class Worker:
                 pass
         poller = select.poll()
         readers = {res_r: result.extend, err_r: stderr.add}
-        lines = {res_r: (result, {"partial": True})}  # streams whose lines count as tests
+        lines = {res_r}  # streams whose lines count as tests (for the per-test limit)
         if grader:
             readers[grader[1]] = verdicts.extend
-            lines[grader[1]] = (verdicts, {"partial": True, "grader": True})
-        forwarded = dict.fromkeys(lines, 0)  # bytes of each stream already sent to the parent
+            lines.add(grader[1])
+        forwarded = 0  # bytes of the child's lines already sent to the parent
         for fd in (*readers, *pidfds):
             poller.register(fd, select.POLLIN)
         if self.control is not None:  # also reports POLLHUP when the parent goes away
@@ -1549,7 +1551,7 @@ class Worker:
                     header["test_timed_out"] = deadline < check_deadline
                     break
                 wake = deadline if len(pidfds) == len(pids) else min(deadline, now + 0.005)
-                if stream_from is not None and now < stream_from and (result or verdicts):
+                if stream_from is not None and now < stream_from and result:
                     wake = min(wake, stream_from)  # lines are waiting to be streamed
                 for fd, events in poller.poll(max(1, int((wake - now) * 1000))):
                     if fd in pidfds:
@@ -1570,11 +1572,10 @@ class Worker:
                     header["capped"] = "stderr" if stderr.total > cap else "result"
                     break
                 if stream_from is not None and time.monotonic() >= stream_from:
-                    for fd, (stream, tag) in lines.items():
-                        end = stream.rfind(b"\n") + 1
-                        if end > forwarded[fd]:
-                            write_frame(1, tag, bytes(stream[forwarded[fd]:end]))
-                            forwarded[fd] = end
+                    end = result.rfind(b"\n") + 1
+                    if end > forwarded:
+                        write_frame(1, {"partial": True}, bytes(result[forwarded:end]))
+                        forwarded = end
                 for p in running - set(pidfds.values()):
                     if os.waitid(os.P_PID, p, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                         running.discard(p)

@@ -192,10 +192,13 @@ class SandboxConfig:
     """Largest candidate, in UTF-8 bytes, that is parsed (by the hack scan, here) and run.
     A larger one is an ERROR without being parsed: parsing takes ~360 bytes per byte."""
     fail_fast: bool = False
-    """Stop a check at its first failing test, as HumanEval's ``check()`` does: results are
-    streamed to this process, graded as they arrive, and the child is killed at the first
-    failure. The pass/fail verdict is unchanged; partial credit is not computed (later
-    tests are reported as not run). Saves the time of candidates that fail and then loop."""
+    """Grade a check up to its first failing test, as HumanEval's ``check()`` does; later
+    tests are reported as not run and partial credit is not computed. The pass/fail verdict
+    is unchanged. The check itself still runs to its end line or its time limits: a check
+    that ended right after a wrong answer would tell the candidate that the answer was wrong
+    (and, through anything that outlives a check, the next check). It is stopped early only
+    at a failure the candidate made itself (an exception, an output that is not plain),
+    which tells it nothing it did not know."""
 
     def __post_init__(self) -> None:
         positive = ("workers", "timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb",
@@ -636,7 +639,7 @@ class _Batch:
                 state.deadline = max(state.deadline, time.monotonic() + _REPLY_GRACE_S)
                 continue
             if header.get("partial"):
-                self.stream(state, worker, i, number, payload, bool(header.get("grader")))
+                self.stream(state, worker, i, number, payload)
                 continue
             state.queue.popleft()
             self.finish(i, self.grade(i, header, payload))
@@ -671,13 +674,14 @@ class _Batch:
             self.selector.unregister(worker.out_fd)
 
     def stream(self, state: _SlotState, worker: _Worker, i: int, number: int,
-               lines: bytes, grader: bool = False) -> None:
-        """Fail-fast: grade streamed lines of the running check (the child's outputs, or the
-        grader's verdicts); stop it at a failure."""
+               lines: bytes) -> None:
+        """Fail-fast: read the running check's streamed lines (the child's outputs) and stop
+        it at a failure the candidate made itself (:func:`_fails_by_itself`), never at a
+        wrong answer."""
         if state.stop_sent:
             return
         suite = self.candidates[i].tests
-        if any(_line_fails(suite, line, grader) for line in lines.splitlines()):
+        if any(_fails_by_itself(suite, line) for line in lines.splitlines()):
             worker.stop(number)
             state.stop_sent = True
 
@@ -1001,28 +1005,25 @@ def _classify(header: Mapping, t: _Transcript, g: _Transcript, corrupt: str,
     return Status.FAILED, f"{len(failed)} of {total} tests failed; first: {first.name}: {first.detail}"
 
 
-def _line_fails(suite: TestSuite, line: bytes, grader: bool = False) -> bool:
-    """Fail-fast: whether one streamed line already decides the check, being a failing test
-    or not a well-formed test line (the final grading voids the latter). Never raises."""
+def _fails_by_itself(suite: TestSuite, line: bytes) -> bool:
+    """Fail-fast: whether one streamed line of the child fails the check whatever the
+    expected values are: the candidate raised (``"x"``), its output is not plain (``"u"``)
+    or does not decode, or the line is not a well-formed test line (the final grading voids
+    the check). The candidate knows all of that itself, so stopping the check there tells it
+    nothing. A wrong answer never stops a check: a candidate still running could tell from
+    that, and tell a later check through anything that outlives this one, which answer was
+    wrong. Never raises."""
     rec = _json_object(line)
     if rec is None:
         return True
     if rec.get("k") in ("load", "end"):
         return False
     i = rec.get("i")
-    n_cases = len(suite.cases)
-    low, high = (n_cases, suite.total) if grader else (0, n_cases)
-    if type(i) is not int or not low <= i < high:
-        return True
-    if grader:
-        return rec.get("ok") is not True
-    if not _well_formed(rec, True):
+    if type(i) is not int or not 0 <= i < len(suite.cases) or not _well_formed(rec, True):
         return True
     if "v" in rec:
-        rec["v"] = plain.decode_untrusted(rec["v"])
-        if rec["v"] is plain.MALFORMED:
-            return True
-    return not _grade_case(suite.cases[i], "", rec).ok
+        return plain.decode_untrusted(rec["v"]) is plain.MALFORMED
+    return True  # "x" or "u"
 
 
 def _signal_name(number: int) -> str:
