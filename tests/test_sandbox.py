@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from labkit.env import hackscan
+from labkit.env import cgroups, hackscan
 from labkit.env.records import AssertTest, Candidate, IOCase, Status, TestSuite
 from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many, schedule
 
@@ -296,8 +296,8 @@ def test_without_namespaces_or_uid_the_sandbox_says_so_and_still_works():
     with Sandbox(config) as sb:
         p = sb.protections
         assert not any(p[k] for k in ("non_root_uid", "net_namespace", "mount_namespace",
-                                      "ipc_namespace", "allowlist_root", "readonly_root",
-                                      "hidden_paths", "private_tmp"))
+                                      "ipc_namespace", "pid_namespace", "allowlist_root",
+                                      "readonly_root", "hidden_paths", "private_tmp"))
         assert p["rlimits"] and p["wall_deadline"] and p["process_sweep"]
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
         loop = sb.run(Candidate("def add(a, b):\n    while True: pass\n", ADD_SUITE, "add",
@@ -450,6 +450,44 @@ def test_concurrent_callers_share_the_pool(sandbox):
     for t in threads:
         t.join(30)
     assert out == {k: [True] * 5 for k in range(3)}
+
+
+# ----------------------------------------------------------------------------- cgroups
+
+V1_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V1_CGROUP = "8:pids:/\n4:memory:/jobs/a1\n1:cpu:/\n0::/\n"
+
+
+def test_cgroup_hierarchies_on_v1_hybrid_v2_and_from_a_containers_view():
+    hybrid = cgroups.hierarchies(V1_MOUNTINFO, V1_CGROUP, v2_controllers=("hugetlb",))
+    assert hybrid == {
+        "memory": cgroups.Hierarchy(1, "/sys/fs/cgroup/memory", "/jobs/a1", ("memory",)),
+        "pids": cgroups.Hierarchy(1, "/sys/fs/cgroup/pids", "/", ("pids",))}
+    assert hybrid["memory"].directory("leaf") == "/sys/fs/cgroup/memory/jobs/a1/leaf"
+    assert hybrid["pids"].directory() == "/sys/fs/cgroup/pids"
+    v2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    unified = cgroups.hierarchies(v2, "0::/user.slice/x.scope\n", ("cpu", "memory", "pids"))
+    assert unified["memory"] == unified["pids"] == cgroups.Hierarchy(
+        2, "/sys/fs/cgroup", "/user.slice/x.scope", ("memory", "pids"))
+    # a hierarchy mounted from below its root (a container's view of its own cgroup)
+    boxed = "40 30 0:35 /docker/ab /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n"
+    assert cgroups.hierarchies(boxed, "4:memory:/docker/ab/w\n")["memory"].directory() \
+        == "/sys/fs/cgroup/memory/w"
+    assert cgroups.hierarchies(boxed, "4:memory:/elsewhere\n") == {}  # not inside the mount
+    spaced = "41 30 0:36 / /mnt/c\\040g rw - cgroup cgroup rw,pids\n"
+    assert cgroups.hierarchies(spaced, "8:pids:/\n")["pids"].mount == "/mnt/c g"
+
+
+def test_oom_kill_counts_of_both_versions():
+    assert cgroups.oom_kill_count("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1
+    assert cgroups.oom_kill_count("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n") == 2  # v2
+    assert cgroups.oom_kill_count("") == 0
 
 
 # ----------------------------------------------------------------------------- hack flags

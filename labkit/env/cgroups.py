@@ -64,10 +64,6 @@ class CheckCgroup:
     """``(directory descriptor of the parent, leaf name)`` of each leaf, to remove it later
     from a process that no longer sees the host's ``/sys``."""
 
-    def fds(self) -> list[int]:
-        return [*self.procs_fds, *([self.oom_fd] if self.oom_fd >= 0 else []),
-                *(fd for fd, _ in self.leaves)]
-
 
 # ----------------------------------------------------------------------------- pure helpers
 
@@ -189,9 +185,12 @@ def create(name: str, memory_bytes: int, pids: int) -> tuple[CheckCgroup | None,
     missing = [c for c in CONTROLLERS if c not in found]
     if missing:
         return None, f"no cgroup hierarchy offers the {' and '.join(missing)} controller"
-    group = CheckCgroup(version=found["memory"].version, memory_bytes=memory_bytes, pids=pids)
+    versions = {h.version for h in found.values()}
+    if len(versions) > 1:
+        return None, "the memory and pids controllers are in different cgroup versions"
+    group = CheckCgroup(version=versions.pop(), memory_bytes=memory_bytes, pids=pids)
     try:
-        if all(h.version == 2 for h in found.values()):
+        if group.version == 2:
             _create_v2(group, found["memory"], name)
         else:
             for controller in CONTROLLERS:
