@@ -266,15 +266,16 @@ def test_fail_fast_grades_up_to_the_first_failure_and_stops_only_at_the_candidat
     wrong = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
     raises = "def f(x):\n    if x == 1:\n        raise ValueError(x)\n" + wrong.split("\n", 1)[1]
     tests = suite(IOCase((0,), 1), IOCase((1,), 5), IOCase((2,), 3), IOCase((3,), 4))
-    config = SandboxConfig(workers=1, timeout_s=5.0, test_timeout_s=1.0, fail_fast=True)
+    config = SandboxConfig(workers=1, timeout_s=5.0, test_timeout_s=1.5, fail_fast=True)
     with Sandbox(config) as sb:
         answered, raised = sb.run(Candidate(wrong, tests, "f")), sb.run(Candidate(raises, tests, "f"))
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
     for r in (answered, raised):
         assert r.status is Status.FAILED and r.passed == 1, r
         assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
-    assert answered.wall_s >= 1.0  # the per-test limit, counted from test 1's line
-    assert raised.wall_s < 0.8  # the loop at x == 2 was not waited for
+    assert answered.wall_s >= 1.5  # the per-test limit, counted from test 1's line
+    assert raised.wall_s < 1.2  # the loop at x == 2 was not waited for (a loaded machine
+    # may delay the stop, which the worker streams for after 50 ms, by some tenths)
 
 
 # ----------------------------------------------------------------------------- the pool
