@@ -557,7 +557,7 @@ class Isolation:
         if cfg.get("use_cgroup", True) and self.root:
             self._make_cgroup()  # before the view shrinks: it needs the host's /sys
         elif cfg.get("use_cgroup", True):
-            self.notes.append("not root: no cgroup; a check's memory is capped per process only")
+            self.notes.append("not root: no cgroup for the checks")
         if cfg["use_namespaces"] and self.root:
             self._enter_namespaces()
         elif cfg["use_namespaces"]:
@@ -608,7 +608,7 @@ class Isolation:
         memory_mb = self.cfg.get("check_memory_mb") or limits["memory_mb"]
         group, why = cgroups.create(name, memory_mb << 20, limits["nproc"])
         if group is None:
-            self.notes.append(f"no cgroup: a check's memory is capped per process only ({why})")
+            self.notes.append(f"no cgroup for the checks: {why}")
             return
         self.cgroup = group
         self.protections["cgroup"] = True
