@@ -385,7 +385,7 @@ def cmd_train(args) -> int:
 
     try:
         train_tasks, eval_tasks = check_run(cfg, resume=bool(args.resume), overwrite=args.overwrite)
-    except (ValueError, RunFolderError) as e:
+    except (ValueError, RunFolderError, TrackerError) as e:
         raise CLIError(str(e)) from None
     run = RunFolder(cfg.run_dir)
     held_before, trainer, start, undo, entered, stop = run.holds_run(), None, 0, None, False, None
