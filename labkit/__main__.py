@@ -381,7 +381,7 @@ def cmd_train(args) -> int:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    from labkit.loops.preflight import check_run
+    from labkit.loops.preflight import check_run, first_process
 
     try:
         train_tasks, eval_tasks = check_run(cfg, resume=bool(args.resume), overwrite=args.overwrite)
@@ -395,7 +395,7 @@ def cmd_train(args) -> int:
                               overwrite=args.overwrite)
             if args.resume:
                 start = trainer.resume()
-                if changes:
+                if changes and trainer.is_main:
                     undo = record_changes(trainer.run, cfg, changes, start)
             entered = True
             with _Stop(trainer) as stop:
@@ -407,7 +407,7 @@ def cmd_train(args) -> int:
         stepped = trainer is not None and trainer.step > start
         if not stepped and undo is not None:
             undo()
-        if not stepped and not args.resume and (entered or not held_before):
+        if not stepped and not args.resume and (entered or not held_before) and first_process():
             _forget_run(run, held_before)
         if isinstance(e, KeyboardInterrupt):
             if not stepped and not args.resume:
@@ -420,7 +420,7 @@ def cmd_train(args) -> int:
             raise CLIError(str(e)) from None
         raise
     if stop is not None and stop.asked and trainer.step < cfg.steps:
-        if trainer.step == 0 and not args.resume:
+        if trainer.step == 0 and not args.resume and trainer.is_main:
             _forget_run(run, held_before)
             raise CLIError("stopped before the first step; nothing was saved", 130)
         _emit({"run_dir": cfg.run_dir, "steps": trainer.step, "stopped": True})

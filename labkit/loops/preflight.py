@@ -11,6 +11,7 @@ on (loaded once).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from labkit.env.records import RepairTask
@@ -39,7 +40,7 @@ def check_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
         raise ValueError(f"tasks.path {cfg.tasks.path!r}: no such file; give the task file "
                          f"tasks.source {cfg.tasks.source!r} reads")
     run = RunFolder(cfg.run_dir)
-    if not resume and not overwrite and run.holds_run():
+    if not resume and not overwrite and first_process() and run.holds_run():
         raise held_run_error(run)
     try:
         train, held_out = run_tasks(cfg, "train"), run_tasks(cfg, "eval")
@@ -47,3 +48,9 @@ def check_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
         raise ValueError(f"tasks: {e}") from None
     check_train_tasks(train, cfg.tasks)
     return train, held_out
+
+
+def first_process() -> bool:
+    """Whether this is process 0 of its launch (``torchrun`` and ``accelerate launch`` set
+    ``RANK``; one process is process 0): the one that writes the run folder."""
+    return os.environ.get("RANK", "0") == "0"
