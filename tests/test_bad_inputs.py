@@ -135,9 +135,9 @@ def _write_run(folder: Path, cfg: dict, step: int, *, corrupt: bool = False) -> 
 
 @pytest.fixture(scope="module")
 def workdir(random_model_dir, tmp_path_factory):
-    """The working folder every case runs in: a task file, configs (one broken, one with a
-    typo), an empty folder, a candidate, a run stopped at step 2 (cosine schedule) and one
-    whose checkpoint is corrupt."""
+    """The working folder every case runs in: a task file, configs (a small valid one, one
+    broken, one with a typo), an empty folder, a candidate, a run stopped at step 2 (cosine
+    schedule) and one whose checkpoint is corrupt."""
     from labkit.config import from_dict, to_dict
     from labkit.loops.config import TrainConfig
 
@@ -153,6 +153,7 @@ def workdir(random_model_dir, tmp_path_factory):
     held = to_dict(from_dict(TrainConfig, {**small, "run_dir": "held",
                                            "optim": {"lr": 1e-4, "schedule": "cosine"}}))
     _write_run(root / "held", held, 2)
+    (root / "small.yaml").write_text(yaml.safe_dump(small))
     _write_run(root / "corrupt", to_dict(from_dict(TrainConfig, {**small, "run_dir": "corrupt"})), 2,
                corrupt=True)
     return root
@@ -225,3 +226,26 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(random_model_dir, tmp_
     assert (tmp_path / "run" / "checkpoints" / f"step_{step:06d}" / "COMPLETE").exists()
     assert [json.loads(r)["step"] for r in metrics.read_text().splitlines()] == list(range(1, step + 1))
     assert not (tmp_path / "run" / "running.json").exists()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["crash", "ctrl_c"])
+def test_a_run_that_ends_before_its_first_step_leaves_no_state(error, workdir, monkeypatch, capsys):
+    """The run folder was written (config.json, the step-0 evaluation, the running mark) when
+    the first step fails or a hard Ctrl-C arrives: all of it is removed, so the next `train`
+    into the same folder starts clean instead of refusing it."""
+    from labkit.loops.trainer import Trainer
+
+    def fail(self):
+        raise error
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(Trainer, "train_step", fail)
+    before = snapshot(workdir)
+    argv = train("--config", "small.yaml", "--set", "run_dir=fresh")
+    if isinstance(error, KeyboardInterrupt):
+        status, err = run_main(argv, capsys)
+        assert status == 130 and err == "labkit: stopped before the first step; nothing was saved\n"
+    else:
+        with pytest.raises(RuntimeError, match="boom"):
+            main(argv)
+    assert snapshot(workdir) == before
