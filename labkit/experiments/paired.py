@@ -376,7 +376,8 @@ def task_interval(start: Sequence[float], end: Sequence[float], n_boot: int = st
             "tasks": len(d), "improved": sum(x > 0 for x in d), "worsened": sum(x < 0 for x in d)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
+    """The ``paired`` command's argument parser (the reference lists its flags)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m labkit paired", description=__doc__.split("\n\n")[0])
@@ -385,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="samples per task for pass@1")
     p.add_argument("--pass-k", type=int, default=0, help="pass@k at the runs' training temperature")
     p.add_argument("--out", default=None, help="JSON file for the per-task readings")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     cfgs = [from_dict(TrainConfig, json.loads((Path(d) / "config.json").read_text())) for d in a.runs]
     proto = Protocol(k=a.k, pass_k=a.pass_k, train_temperature=cfgs[0].sampling.temperature)
     res = paired_eval([(c.seed, d) for c, d in zip(cfgs, a.runs)], held_out_tasks(a.tasks), proto)

@@ -27,6 +27,25 @@ class RunFolderError(RuntimeError):
     """The run folder already holds another run; the message says what to do."""
 
 
+def unreadable_reason(error: Exception) -> str:
+    """Why a checkpoint file could not be read, in a few words: the error's type and the first
+    sentence of its message, or only the type when the message gives advice to load the file
+    some other way (torch's ``weights_only=False``, unsafe for a file that is corrupt)."""
+    first = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else ""
+    if not first or "weights_only" in str(error) or "Weights only" in first:
+        return type(error).__name__
+    return f"{type(error).__name__}: {first}"
+
+
+def held_run_error(run) -> RunFolderError:
+    """The error for a new run whose folder (a :class:`~labkit.loops.events.RunFolder`)
+    already holds another run."""
+    done = len(run.read("metrics.jsonl"))
+    return RunFolderError(f"{run.path} already holds a run ({done} steps logged): resume it "
+                          "(--resume / Trainer.resume()), train into a new run_dir, or pass "
+                          "--overwrite to replace it")
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     done = [p for p in sorted(Path(run_dir).glob("checkpoints/step_*"))
             if p.is_dir() and (p / "COMPLETE").exists()]
@@ -93,8 +112,9 @@ class Checkpointing:
                 provenance.record_resume(self.run.path)
             return step
         if errors:
-            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'}: "
-                                  + "; ".join(errors))
+            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'} ("
+                                  + "; ".join(errors) + "): restore one, or train the run "
+                                  "again with --overwrite")
         print(f"{self.run.path}: no checkpoint yet; starting from step 0", flush=True)
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
             self.run.truncate_after(name, -1)
@@ -109,12 +129,16 @@ class Checkpointing:
         if not (path / "COMPLETE").exists():
             raise CheckpointError(f"checkpoint {path} is incomplete (no COMPLETE marker); "
                                   "it was being written when the run stopped: resume from an older one")
+        name = "trainable.pt"
         try:
-            trainable = torch.load(path / "trainable.pt", weights_only=True)
-            opt_state = torch.load(path / "optim.pt", weights_only=False)
-            state = json.loads((path / "state.json").read_text())
+            trainable = torch.load(path / name, weights_only=True)
+            name = "optim.pt"
+            opt_state = torch.load(path / name, weights_only=False)
+            name = "state.json"
+            state = json.loads((path / name).read_text())
         except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} cannot be read "
+                                  f"({unreadable_reason(e)})") from None
         if state["lora"] != self.policy.is_lora:
             raise CheckpointError(f"checkpoint {path} was saved with lora={state['lora']}, "
                                   f"but this policy has lora={self.policy.is_lora}")

@@ -59,7 +59,7 @@ class RunFolder:
     ``fsync`` so a killed run loses at most the line being written."""
 
     RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "anchors.jsonl",
-                 "trackers.json")
+                 "trackers.json", "config_history.jsonl")
     """What a run writes besides ``checkpoints/`` and ``trackers/``."""
     RUNNING = "running.json"
     """Written while a process trains the run: its pid, host and start time."""
