@@ -123,10 +123,14 @@ CASES = [
 
 
 def _write_run(folder: Path, cfg: dict, step: int, *, corrupt: bool = False) -> None:
-    """A run folder as a trainer leaves it after ``step`` steps: its config, its logs and a
-    complete checkpoint (whose weights file is garbage when ``corrupt``)."""
+    """A run folder as a trainer leaves it after ``step`` steps: its config, its logs, the code
+    that trained it (this checkout's) and a complete checkpoint (whose weights file is garbage
+    when ``corrupt``)."""
+    from labkit import provenance
+
     ckpt = folder / "checkpoints" / f"step_{step:06d}"
     ckpt.mkdir(parents=True)
+    provenance.record_start(folder)
     (folder / "config.json").write_text(json.dumps(cfg))
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s + 1}) + "\n" for s in range(step)))
     (ckpt / "trainable.pt").write_bytes(b"not a checkpoint" if corrupt else b"")
