@@ -363,6 +363,27 @@ def test_durations(path: str | Path = TEST_RECORDS) -> str:
     return "\n".join(lines).rstrip()
 
 
+TRL_GATHER = RESULTS / "trl_didpo_2proc.json"
+
+
+def trl_gather(path: str | Path = TRL_GATHER) -> str:
+    """docs/scale_out.md's table of what a two-process DiDPO step gathers, from the
+    ``record.json`` that ``labkit.integrations.trl_run`` wrote (its command, load and steps)."""
+    r = json.loads(Path(path).read_text())
+    lengths = [x for x in r.get("completion_mean_length", []) if x is not None]
+    span = f"{min(lengths):.0f}-{max(lengths):.0f}" if lengths else "n/a"
+    lines = [f"`{r.get('command', 'command not recorded')}` on {r['processes']} processes "
+             f"({r['backend']}, {r['device']}, 1-minute load {r['load_avg_1m']:.1f}, code "
+             f"`{r.get('code_commit', 'unknown')}`); completions of {span} tokens on average:", "",
+             "| step | `didpo/gather_bytes` | `didpo/gather_s` | `step_time` (s) |", "|---|---|---|---|"]
+    for i, (b, g, t) in enumerate(zip(r["gather_bytes"], r["gather_s"], r["step_s"]), 1):
+        lines.append(f"| {i} | {b:,.0f} | {g:.4f} | {t:.2f} |")
+    share = max(g / t for g, t in zip(r["gather_s"], r["step_s"]) if t) if r["step_s"] else None
+    if share is not None:
+        lines += ["", f"The gather is at most {share:.2%} of a step here."]
+    return "\n".join(lines)
+
+
 def reference() -> str:
     return reference_markdown()
 
@@ -374,6 +395,7 @@ BLOCKS: dict[str, Callable[[str | Path], str]] = {
     "notebooks": lambda results_dir: notebooks(),
     "test-durations": lambda results_dir: test_durations(),
     "reference": lambda results_dir: reference(),
+    "trl-gather": lambda results_dir: trl_gather(),
 }
 """Generated blocks (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file): name
 -> the function of the results folder that writes it."""
@@ -399,7 +421,7 @@ def regenerate(text: str, results_dir: str | Path = RESULTS) -> str:
 
 ROOT = RESULTS.parents[1]
 GENERATED_PAGES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "tiny_model.md",
-                   ROOT / "docs" / "reference.md"]
+                   ROOT / "docs" / "reference.md", ROOT / "docs" / "scale_out.md"]
 """The pages holding generated blocks (``python -m labkit docs`` writes them all)."""
 
 
