@@ -163,9 +163,14 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     page = lab.write_report(tmp_path, [{"notebook": "05_training", "status": "ok", "seconds": 3.0,
                                         "numbers": numbers}]).read_text()
     front = page[:page.index("<section class='nb'")]
-    assert "What this run found" in front and "0.41 -&gt; 0.63" in front
+    assert "What this lab found" in front and "0.41 -&gt; 0.63" in front
+    # the page opens on the findings: the plain sentence first, the contents folded last
+    assert front.index("What this lab found") < front.index("<dt>") < front.index("<details")
+    assert "<p class='plain'>Three ways to train on the same few tasks" in front
+    assert "the share of tests passed went grpo up, didpo up" in front
     assert "front-curve" in front  # the tagged cell's figure is on the front page
     assert "<a href='#Training-three-ways'>Training three ways</a>" in front  # contents
+    assert front.index("front-curve") < front.index("<details class='toc'>")
     assert "TrainingDashboard(children" not in page and "labkit-static" in page
     # the committed multi-seed results: the README's findings rows, sentence for sentence
     from labkit.experiments.findings import rows
@@ -441,18 +446,48 @@ def test_a_smoke_exercise_takes_no_budget():
 
 
 def test_saving_a_tracked_notebook_in_jupyter_strips_it(tmp_path):
-    """``make jupyter`` saves notebooks/NN_*.ipynb without outputs (the pre-save hook); other
-    notebooks keep theirs. The Makefile starts JupyterLab with the hook's config."""
+    """``make jupyter`` saves notebooks/NN_*.ipynb without outputs (the pre-save hook), whatever
+    folder the server serves (the hook's path is relative to it); other notebooks keep theirs.
+    The Makefile starts JupyterLab with the hook's config. (``tests/test_browser.py`` saves
+    through a real server started as ``make jupyter`` starts it.)"""
+    from types import SimpleNamespace
+
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("1 + 1", execution_count=3)
     cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=3)]
     nb.cells = [cell]
-    tracked = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
-    lab.pre_save_hook(tracked, path="notebooks/00_tour.ipynb")
-    assert tracked["content"]["cells"][0]["outputs"] == []
-    assert tracked["content"]["cells"][0]["execution_count"] is None
-    mine = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
-    lab.pre_save_hook(mine, path="scratch/Untitled.ipynb")
-    assert mine["content"]["cells"][0]["outputs"]
+
+    def saved(path, root=None):
+        model = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
+        manager = None if root is None else SimpleNamespace(root_dir=str(root))
+        lab.pre_save_hook(model, path=path, contents_manager=manager)
+        return bool(model["content"]["cells"][0]["outputs"])
+
+    repo = tmp_path / "repo"
+    assert not saved("notebooks/00_tour.ipynb")
+    assert not saved("notebooks/00_tour.ipynb", root=repo)  # served: the repository
+    assert not saved("05_training.ipynb", root=repo / "notebooks")  # served: notebooks/
+    assert not saved("repo/notebooks/05_training.ipynb", root=tmp_path)  # a folder above
+    assert saved("scratch/Untitled.ipynb", root=repo)
+    assert saved("Untitled.ipynb", root=repo / "notebooks")  # not a numbered notebook
+    assert saved("05_training.ipynb", root=repo / "runs")  # a copy outside notebooks/
     assert "--config=.jupyter/jupyter_server_config.py" in (ROOT / "Makefile").read_text()
     assert "pre_save_hook" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
+
+
+def test_known_third_party_warnings_are_quiet_in_the_lab_kernels(monkeypatch):
+    """``make lab`` and ``make jupyter`` start kernels with ``PYTHONWARNINGS`` ignoring
+    :data:`labkit.lab.KNOWN_WARNINGS` (and only those)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    value = lab.quiet_kernels()
+    assert lab.quiet_kernels() == value and value.startswith("default,ignore:")
+    code = ("import warnings\n"
+            "warnings.warn('`is_gradient_checkpointing` is deprecated and will go', FutureWarning)\n"
+            "warnings.warn('`gradient_checkpointing` is deprecated and will go', FutureWarning)\n"
+            "warnings.warn('another deprecation', FutureWarning)\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
+    assert "another deprecation" in err and "is deprecated" not in err, err
+    assert "quiet_kernels()" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
