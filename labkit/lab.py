@@ -375,6 +375,21 @@ def pre_save_hook(model: dict, path: str = "", contents_manager=None, **_) -> No
         strip(model["content"])
 
 
+def lab_contents_manager() -> type:
+    """Jupyter Server's default contents manager with :func:`pre_save_hook` registered (what
+    ``make jupyter``'s config serves with). Registered, not set through the
+    ``pre_save_hook`` option: JupyterLab applies the server's config twice, and a second
+    setting of that option warns "Overriding existing pre_save_hook"."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    class LabContentsManager(AsyncLargeFileManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.register_pre_save_hook(pre_save_hook)
+
+    return LabContentsManager
+
+
 def clear_outputs(paths: Sequence[Path] | None = None) -> list[Path]:
     """Strip outputs, execution counts and run metadata from notebooks (what git holds);
     returns the files that changed."""

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, LabServer, NotebookPage,
-                             real_notebook, shot_folders, smoke_copy, write_notebook)
+                             real_notebook, repo_copy, shot_folders, smoke_copy, write_notebook)
 from conftest import toy_tasks
 
 pytestmark = pytest.mark.browser
@@ -135,16 +135,16 @@ def _write_generated(root: Path, model: Path, tasks: Path) -> None:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory, random_model_dir):
-    """JupyterLab serving a temporary folder holding the test notebooks (session-wide)."""
+    """JupyterLab started as ``make jupyter`` starts it, serving a git copy of the repository;
+    the test notebooks are written to its ``runs/browser`` (session-wide)."""
     if not CHROMIUM.exists():
         pytest.fail(NO_CHROMIUM, pytrace=False)
     base = tmp_path_factory.mktemp("lab")
-    root, state = base / "root", base / "state"
-    root.mkdir()
-    tasks = root / "toy_tasks.jsonl"
+    server = LabServer(repo_copy(base / "repo"), base / "state")
+    tasks = server.work / "toy_tasks.jsonl"
     tasks.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in toy_tasks()))
-    _write_generated(root, Path(random_model_dir), tasks)
-    server = LabServer(root, state).start()
+    _write_generated(server.work, Path(random_model_dir), tasks)
+    server.start()
     yield server
     server.stop()
 
@@ -199,7 +199,7 @@ def _open(nb: NotebookPage, name: str, uses: str, generated: str, whole: bool = 
     target = generated
     if real is not None:
         target = f"{name}.ipynb"
-        smoke_copy(real, nb.server.root / target, until=None if whole else uses)
+        smoke_copy(real, nb.server.work / target, until=None if whole else uses)
     nb.open(target)
     print(f"browser test opened {target}")
     return target
@@ -418,8 +418,8 @@ def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(brows
 def test_dashboard_replays_the_shipped_model_training(notebook):
     """The README's dashboard picture: the shipped tiny model trained for a few steps on
     synthetic tasks (KL to its reference, evaluations, the per-token strip), replayed."""
-    notebook.server.root.joinpath("gen_replay.ipynb").unlink(missing_ok=True)
-    write_notebook(notebook.server.root / "gen_replay.ipynb", [
+    notebook.server.work.joinpath("gen_replay.ipynb").unlink(missing_ok=True)
+    write_notebook(notebook.server.work / "gen_replay.ipynb", [
         IMPORTS + "\nfrom widgets import TrainingDashboard",
         'cfg = from_dict(TrainConfig, {"run_dir": "run_replay", "seed": 0, "steps": 6, '
         '"tasks_per_step": 4, "policy": {"spec": "tiny", "reference": "auto"}, '

@@ -472,7 +472,9 @@ def test_saving_a_tracked_notebook_in_jupyter_strips_it(tmp_path):
     assert saved("Untitled.ipynb", root=repo / "notebooks")  # not a numbered notebook
     assert saved("05_training.ipynb", root=repo / "runs")  # a copy outside notebooks/
     assert "--config=.jupyter/jupyter_server_config.py" in (ROOT / "Makefile").read_text()
-    assert "pre_save_hook" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
+    assert "lab_contents_manager()" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
+    manager = lab.lab_contents_manager()(root_dir=str(tmp_path))
+    assert lab.pre_save_hook in manager._pre_save_hooks
 
 
 def test_known_third_party_warnings_are_quiet_in_the_lab_kernels(monkeypatch):
