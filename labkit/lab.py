@@ -339,17 +339,30 @@ def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
 # ----------------------------------------------------------------------------- notebooks in git
 
 
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": KERNEL}
+"""The kernel metadata a tracked notebook holds. JupyterLab rewrites it from the running
+kernel (its display name, and ``language_info`` with the Python version) on every save."""
+
+
 def strip(nb) -> None:
-    """Remove outputs, execution counts and run metadata from a notebook (a dict or
-    ``NotebookNode``) in place: what git holds."""
+    """Remove outputs, execution counts, run metadata and what JupyterLab writes of its own
+    (the running kernel's ``language_info`` and display name, the legacy ``collapsed`` and
+    ``scrolled`` view flags it mirrors) from a notebook (a dict or ``NotebookNode``) in place:
+    what git holds."""
     for cell in nb["cells"]:
-        cell.get("metadata", {}).pop("execution", None)
-        cell.get("metadata", {}).pop("papermill", None)
+        meta = cell.get("metadata", {})
+        for key in ("execution", "papermill", "collapsed", "scrolled"):
+            meta.pop(key, None)
         if cell["cell_type"] == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
-    nb.get("metadata", {}).pop("papermill", None)
-    nb.get("metadata", {}).pop("widgets", None)
+    meta = nb.get("metadata", {})
+    meta.pop("papermill", None)
+    meta.pop("widgets", None)
+    if meta.get("kernelspec", {}).get("name") == KERNEL:
+        meta["kernelspec"] = dict(KERNELSPEC)
+    if "language_info" in meta:
+        meta["language_info"] = {"name": meta["language_info"].get("name", "python")}
 
 
 TRACKED = re.compile(r"(^|/)notebooks/\d\d_[^/]*\.ipynb$")

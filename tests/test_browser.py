@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, LabServer, NotebookPage,
+from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, ROOT, LabServer, NotebookPage,
                              real_notebook, repo_copy, shot_folders, smoke_copy, write_notebook)
 from conftest import toy_tasks
 
@@ -445,3 +446,120 @@ def test_dashboard_replays_the_shipped_model_training(notebook):
         return p && p.data[0].z ? p.data[0].z.length : -1; }""")
     assert strip == 16  # one row per rollout of the last step
     notebook.screenshot(".labkit-dashboard", "training_dashboard.png")
+
+
+# ----------------------------------------------------------------------------- make jupyter
+
+
+def _lab_setting(lab: LabServer, plugin: str, values: dict) -> None:
+    """Set a JupyterLab user setting through the server's settings API (a page opened
+    afterwards reads it)."""
+    req = urllib.request.Request(f"{lab.url}/lab/api/settings/{plugin}", method="PUT",
+                                 data=json.dumps({"raw": json.dumps(values)}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).close()
+
+
+def _outputs(page) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                         ".map(o => o.textContent)")
+
+
+def test_make_jupyter_autosaves_a_tracked_notebook_without_dirtying_git(notebook):
+    """``make jupyter``'s server (started as it starts it, as root too where the suite runs as
+    root: no ``--allow-root``) serves the repository. Cells of a tracked notebook run, their
+    outputs show, JupyterLab autosaves the notebook, and ``git status`` stays clean: the
+    pre-save hook strips what is saved while the open tab keeps its outputs. No news pop-up."""
+    lab, page = notebook.server, notebook.page
+    path = lab.root / "notebooks" / "00_tour.ipynb"
+    before = path.stat().st_mtime_ns
+    _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {"autosaveInterval": 2})
+    try:
+        notebook.open(path)
+        panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+        page.locator(f"{panel} .jp-Cell").nth(2).locator(".jp-InputArea-editor").click()
+        for _ in range(4):  # the parameters, the set-up, a heading, the tasks
+            page.keyboard.press("Shift+Enter")
+        shown = page.locator(".jp-OutputArea-output", has_text="The model is shown the problem")
+        shown.first.wait_for(timeout=120_000)
+        page.wait_for_function(  # saved since: nothing left unsaved
+            """() => ![...document.querySelectorAll('.lm-TabBar-tab')]
+                   .some(t => t.classList.contains('jp-mod-dirty'))""", timeout=60_000)
+        deadline = time.monotonic() + 30
+        while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {})
+    assert path.stat().st_mtime_ns != before, "JupyterLab never saved the notebook"
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=lab.root, capture_output=True,
+                            text=True, check=True).stdout
+    diff = subprocess.run(["git", "diff"], cwd=lab.root, capture_output=True, text=True).stdout
+    assert status == "", f"saving from make jupyter changed git's files:\n{status}{diff[:3000]}"
+    assert shown.count() >= 1  # the tab still shows the outputs
+    assert page.locator(".jp-toast-message", has_text="news").count() == 0
+
+
+def test_make_jupyter_opens_a_docs_link_of_every_notebook(notebook):
+    """``make jupyter`` opens on the notebooks (its start page lists notebooks/), and each
+    notebook's "At scale" link, in its takeaways, opens the page in JupyterLab, rendered: the
+    repository is served, so the notebooks' relative links work."""
+    from labkit.lab import notebooks
+
+    lab, page = notebook.server, notebook.page
+    page.goto(f"{lab.url}/?reset")  # where make jupyter's browser tab starts
+    listing = page.locator(".jp-DirListing-item")
+    listing.first.wait_for(timeout=60_000)
+    assert "/lab/tree/notebooks" in page.url
+    panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+    opened = {}
+    for nb in notebooks():
+        listing.filter(has_text=nb.name).first.dblclick()
+        # the takeaways' relative link, resolved by JupyterLab against the served root
+        links = page.locator(f"{panel} .jp-MarkdownCell", has_text="At scale:").locator(
+            "a[href*='/files/docs/']")
+        links.first.wait_for(timeout=60_000)
+        lab.remember_children()
+        hrefs = links.evaluate_all("as => as.map(a => a.getAttribute('href'))")
+        target = re.search(r"/files/(docs/[^?#]+\.md)", hrefs[-1]).group(1)
+        heading = next(line[2:].strip() for line in (ROOT / target).read_text().splitlines()
+                       if line.startswith("# "))
+        links.last.click()
+        page.wait_for_function(  # the page opened in a tab of its own, and shows
+            """(name) => [...document.querySelectorAll(
+                   '.lm-DockPanel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel')]
+                   .some(e => e.textContent === name)""",
+            arg=target.rsplit("/", 1)[-1], timeout=30_000)
+        page.locator(".lm-DockPanel .jp-RenderedMarkdown:visible h1",
+                     has_text=heading).first.wait_for(timeout=30_000)
+        opened[nb.stem] = target
+    print(f"opened: {opened}")
+
+
+def test_interrupting_05_stops_training_with_one_line(notebook):
+    """Notebook 05 (smoke budget, many steps) under Run All: once the dashboard has a point,
+    the toolbar's interrupt button stops the trainer after its step; the waiting cell prints
+    one line, "stopped at step N", the dashboard keeps N points, no output holds a traceback
+    (none from the dashboard's thread either), and the rest of the notebook shows the run."""
+    lab, page = notebook.server, notebook.page
+    smoke_copy(ROOT / "notebooks" / "05_training.ipynb", lab.work / "05_training.ipynb",
+               then="steps = 400  # far more than the test waits for: only the interrupt ends it")
+    notebook.open("05_training.ipynb")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.wait_for_function(f"() => ({POINTS_JS})() >= 1", timeout=240_000)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                 "[data-command='notebook:interrupt-kernel']").first.click()
+    notebook._wait_all_ran(240_000)
+    lab.remember_children()
+    texts = _outputs(page)
+    stopped = [t for t in texts if "stopped at step" in t]
+    assert len(stopped) == 1, stopped
+    m = re.fullmatch(r"stopped at step (\d+) \(grpo\)\n?", stopped[0])
+    assert m, f"not one line: {stopped[0]!r}"
+    noise = [t[-2000:] for t in texts if any(w in t for w in (
+        "Traceback", "Exception in thread", "ZMQError", "KeyboardInterrupt"))]
+    assert not noise, noise[0]
+    n = int(m.group(1))
+    time.sleep(3)  # no step after the stop
+    assert _plot_points(page) == n
+    assert any("grpo:" in t and "sample" in t for t in texts)  # the cells below ran on the run

@@ -49,7 +49,8 @@ def test_notebook_is_clean_in_git(path):
     raw = path.read_text()
     nb = nbformat.reads(raw, as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.metadata["kernelspec"] == lab.KERNELSPEC, f"{path.name}: strip it (labkit.lab.clear_outputs)"
+    assert nb.metadata.get("language_info", {"name": "python"}) == {"name": "python"}
     assert "papermill" not in nb.metadata and "widgets" not in nb.metadata, \
         f"{path.name}: run metadata left in; strip it (labkit.lab.clear_outputs)"
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -57,7 +58,7 @@ def test_notebook_is_clean_in_git(path):
         assert c.outputs == [] and c.execution_count is None, \
             f"{path.name}: outputs or execution counts in git; strip them " \
             "(labkit.lab.clear_outputs)"
-        assert "papermill" not in c.metadata and "execution" not in c.metadata
+        assert not {"papermill", "execution", "collapsed", "scrolled"} & set(c.metadata)
     first = code[0]
     assert "parameters" in first.metadata.get("tags", []), f"{path.name}: first code cell untagged"
     assert re.search(r"(?m)^smoke = False\b", first.source), "no `smoke = False` parameter"
@@ -188,14 +189,21 @@ def test_clear_outputs_strips(tmp_path):
                                            execution_count=1)]
     cell.execution_count = 1
     cell.metadata["papermill"] = {"duration": 1}
+    cell.metadata.update(collapsed=True, jupyter={"outputs_hidden": True})
     nb.cells = [cell]
     nb.metadata["papermill"] = {}
+    # what JupyterLab writes from the running kernel
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                 "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.7", "mimetype": "text/x-python"}
     p = tmp_path / "n.ipynb"
     nbformat.write(nb, p)
     assert lab.clear_outputs([p]) == [p]
     back = nbformat.read(p, as_version=4)
     assert back.cells[0].outputs == [] and back.cells[0].execution_count is None
     assert "papermill" not in back.metadata and "papermill" not in back.cells[0].metadata
+    assert back.metadata["kernelspec"] == lab.KERNELSPEC and back.metadata["language_info"] == {"name": "python"}
+    assert back.cells[0].metadata == {"jupyter": {"outputs_hidden": True}}  # the view flag it mirrors goes
     assert lab.clear_outputs([p]) == []
 
 
