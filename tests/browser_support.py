@@ -332,3 +332,30 @@ def shot_folders(tmp_path: Path) -> list[Path]:
     return folders
 
 
+
+
+# ----------------------------------------------------------------------------- README picture
+
+
+def report_picture(report: Path, png: Path, width: int = 1280, height: int = 1500) -> Path:
+    """The top ``width`` x ``height`` of a lab's ``report.html``, opened from disk in
+    Chromium, as a PNG (the README's ``docs/screenshots/report_front.png``)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                      args=CHROMIUM_ARGS)
+        page = chromium.new_context(viewport={"width": width, "height": height}).new_page()
+        page.goto(Path(report).resolve().as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg')"
+                               ".length > 0")
+        png.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(png))
+        chromium.close()
+    return png
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python tests/browser_support.py RUN/report.html PICTURE.png")
+    print(report_picture(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -379,10 +379,12 @@ def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
 def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(browser, smoke_lab,
                                                                          tmp_path):
     """``make lab``'s report.html (the smoke lab of this session) in Chromium, from disk, no
-    server: the front page's figures are drawn, every widget shows its static rendering
-    (plotly divs with data, no widget text repr left), and nothing is fetched from a network."""
+    server: its first screen (1280x800) shows "What this lab found" with the findings in plain
+    words, the contents are folded below; the front page's figures are drawn, every widget
+    shows its static rendering (plotly divs with data, no widget text repr left), and nothing
+    is fetched from a network. Saves the first screen as ``report_first_screen.png``."""
     report = Path(smoke_lab["report"])
-    context = browser.new_context(viewport={"width": 1300, "height": 1600})
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     requests = []
     page.on("request", lambda r: requests.append(r.url))
@@ -393,18 +395,26 @@ def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(brows
     counts = page.evaluate("""() => {
         const drawn = sel => [...document.querySelectorAll(sel)]
             .filter(p => p.data && p.data.length > 0 && p.querySelector('.main-svg')).length;
+        const seen = e => e && e.getBoundingClientRect().bottom <= window.innerHeight;
+        const heading = [...document.querySelectorAll('h2')]
+            .find(h => h.textContent === 'What this lab found');
+        const plain = [...document.querySelectorAll('.front dd .plain')];
         return {front: drawn('.front-figure .js-plotly-plot'),
                 widgets: drawn('.labkit-static .js-plotly-plot'),
                 statics: document.querySelectorAll('.labkit-static').length,
                 findings: document.querySelectorAll('.front dd').length,
+                plain: plain.length,
+                first_screen: seen(heading) && plain.slice(0, 3).every(seen),
+                folded: document.querySelectorAll('details.toc:not([open])').length,
                 toc: document.querySelectorAll('nav.toc a').length,
                 text: document.body.innerText}; }""")
     text = counts.pop("text")
     print(f"report: {report.stat().st_size / 1e6:.1f} MB, {counts}")
-    assert counts["findings"] == len(smoke_lab["notebooks"])
+    assert counts["first_screen"], "the first screen does not show the findings"
+    assert counts["findings"] == counts["plain"] == len(smoke_lab["notebooks"])
+    assert counts["folded"] == 1 and counts["toc"] > 2 * len(smoke_lab["notebooks"])
     assert counts["front"] >= 5  # 01, 02, 04, 05 (two), 06 tag their story's figures
     assert counts["statics"] >= 5 and counts["widgets"] >= 3  # dashboard, inspector, tuner ...
-    assert counts["toc"] > 2 * len(smoke_lab["notebooks"])
     for repr_text in ("TrainingDashboard(children", "DiffView(children", "RewardTuner(children",
                       "AdvantageInspector(children", "AnchorView(children"):
         assert repr_text not in text
@@ -412,7 +422,7 @@ def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(brows
     assert not errors, errors
     for folder in shot_folders(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
-        page.locator("section.front").screenshot(path=str(folder / "report_front.png"))
+        page.screenshot(path=str(folder / "report_first_screen.png"))
     context.close()
 
 

@@ -377,6 +377,27 @@ def test_executed_notebook_figures_do_not_mislead(name, smoke_lab):
     assert found == [], "\n".join(f"cell {i}: {p}" for i, p in found)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPECTED)
+def test_executed_notebook_prints_its_exercises_and_no_known_warning(name, smoke_lab):
+    """The line under the exercises shows, in the notebook, the numbers each outcome names as
+    this run recorded them; no cell shows a warning of :data:`labkit.lab.KNOWN_WARNINGS`."""
+    from labkit.exercises import _brief, of
+
+    nb = nbformat.read(Path(smoke_lab["out"]) / f"{name}.ipynb", as_version=4)
+    numbers = json.loads((Path(smoke_lab["out"]) / f"{name}.json").read_text())
+    text = lambda c: "".join(o.get("text", "") for o in c.get("outputs", []))  # noqa: E731
+    shown = "".join(text(c) for c in nb.cells if c.cell_type == "code" and "readout(" in c.source)
+    for ex in of(name):
+        read = [k for k in ex.reads() if k in numbers]
+        assert read, f"{name}: the exercise names no recorded number"
+        for k in read:
+            assert f"{k} = {_brief(numbers[k])}" in shown, f"{name}: {k} not shown in\n{shown}"
+    warned = [text(c) for c in nb.cells if c.cell_type == "code"
+              and any(m in text(c) for _, m in lab.KNOWN_WARNINGS)]
+    assert not warned, warned
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
     """The numbers a notebook records are plumbing: one cell, tagged ``record``, its output
@@ -394,8 +415,10 @@ def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_every_notebook_teaches_in_the_same_shape(path):
     """Opens with what you will learn, what to know first and minutes to run; a "What to look
-    at" reading after every figure; ends with takeaways and a link to the page that answers
-    its question at scale (the link resolves)."""
+    at" reading after every figure; takeaways with a link to the page that answers its
+    question at scale (the link resolves, as every link into docs/ does); then its "Try this"
+    exercises, a cell printing what they read in this run, and "Check your understanding":
+    two or three questions, each answer folded."""
     nb = nbformat.read(str(path), as_version=4)
     intro = nb.cells[1].source
     assert nb.cells[1].cell_type == "markdown" and "**You will learn**" in intro
@@ -408,8 +431,22 @@ def test_every_notebook_teaches_in_the_same_shape(path):
     rec = next(i for i, c in enumerate(nb.cells) if "record(out_dir" in c.source)
     take = nb.cells[rec - 1].source
     assert take.startswith("## Takeaways") and "**At scale:**" in take
-    for target in re.findall(r"\]\((\.\./[^)#]+)", take):
-        assert (path.parent / target).resolve().is_file(), target
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for target in re.findall(r"\]\((\.\./[^)#\s]+)", cell.source):
+                assert (path.parent / target).resolve().is_file(), f"{path.name}: dead link {target}"
+    tail = nb.cells[rec + 1:]
+    tries = [c for c in tail if c.source.startswith("**Try this.**")]
+    assert tries and all(c.cell_type == "markdown" for c in tries)
+    assert tail[len(tries)].cell_type == "code" and \
+        f'readout("{path.stem}", summary, globals())' in tail[len(tries)].source
+    questions = tail[-1]
+    assert len(tail) == len(tries) + 2 and questions.cell_type == "markdown"
+    assert questions.source.startswith("## Check your understanding")
+    asked = re.findall(r"(?m)^\*\*\d\. .+\?\*\*$", questions.source)
+    folded = re.findall(r"<details><summary>Answer</summary>\n\n.+?\n\n</details>",
+                        questions.source, re.S)
+    assert 2 <= len(asked) == len(folded) <= 3, f"{path.name}: {len(asked)} questions, {len(folded)} answers"
 
 
 def test_notebooks_show_their_exercises_as_registered():
