@@ -346,13 +346,16 @@ kernel (its display name, and ``language_info`` with the Python version) on ever
 
 def strip(nb) -> None:
     """Remove outputs, execution counts, run metadata and what JupyterLab writes of its own
-    (the running kernel's ``language_info`` and display name, the legacy ``collapsed`` and
-    ``scrolled`` view flags it mirrors) from a notebook (a dict or ``NotebookNode``) in place:
-    what git holds."""
+    (the running kernel's ``language_info`` and display name, view state: ``collapsed``,
+    ``scrolled``, ``jupyter.outputs_hidden``, which running a cell resets) from a notebook (a
+    dict or ``NotebookNode``) in place: what git holds. The ``record`` cell's output stays
+    collapsed."""
     for cell in nb["cells"]:
-        meta = cell.get("metadata", {})
-        for key in ("execution", "papermill", "collapsed", "scrolled"):
+        meta = cell.setdefault("metadata", {})
+        for key in ("execution", "papermill", "collapsed", "scrolled", "jupyter"):
             meta.pop(key, None)
+        if RECORD_TAG in meta.get("tags", []):
+            meta["jupyter"] = {"outputs_hidden": True}
         if cell["cell_type"] == "code":
             cell["outputs"] = []
             cell["execution_count"] = None

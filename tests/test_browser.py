@@ -1,11 +1,14 @@
-"""Real-browser tests: JupyterLab on localhost, Debian's Chromium driven by Playwright.
+"""Real-browser tests: JupyterLab started as ``make jupyter`` starts it (serving a git copy of
+the repository), Debian's Chromium driven by Playwright.
 
-Each test opens a notebook, runs all its cells, and checks that a widget renders and
-responds: the tour shows a DiffView; moving a RewardTuner slider changes the advantages
-shown; the TrainingDashboard receives points while a trainer runs in a thread and its Stop
-button stops it; selecting an anchor in AnchorView outlines its spans in every member; a
-dashboard replays the shipped model's training; the lab's report.html opens from disk with
-its front-page figures and the widgets' static renderings drawn.
+``make jupyter`` itself: the tracked tour, edited, run and autosaved, leaves git clean and
+shows a DiffView; the start page lists the notebooks and each notebook's docs link opens;
+notebook 05 interrupted with the toolbar's button stops with one line. The widgets: moving a
+RewardTuner slider changes the advantages shown; the TrainingDashboard receives points while
+a trainer runs in a thread and its Stop button stops it; selecting an anchor in AnchorView
+outlines its spans in every member; a dashboard replays the shipped model's training; the
+lab's report.html opens from disk on its findings, with its front-page figures and the
+widgets' static renderings drawn.
 
 The numbered notebooks (``notebooks/*.ipynb``) are opened when they exist and use the
 widget, with ``smoke = True`` set in a copy of their ``parameters`` cell; otherwise (and
@@ -83,13 +86,6 @@ IMPORTS = ("from labkit.config import from_dict\n"
 def _write_generated(root: Path, model: Path, tasks: Path) -> None:
     """The notebooks written here (used when the numbered ones are missing or do not cover
     an interaction)."""
-    write_notebook(root / "gen_tour.ipynb", [
-        ("markdown", "# Tour (generated): one GRPO step, then the DiffView"),
-        IMPORTS + "\nfrom widgets import DiffView",
-        _train_config("run_tour", model, tasks, steps=1, group=4, tokens=24)
-        + "\ntrainer = Trainer(cfg)\nrows = trainer.train(progress=False)\ntrainer.close()",
-        "records = trainer.run.read('rollouts.jsonl')\nDiffView.from_record(records[0])",
-    ])
     run = root / "run_tuner"
     run.mkdir(exist_ok=True)
     (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _tuner_batch()))
@@ -227,18 +223,6 @@ def _column(page, table: str, name: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- tests
-
-
-def test_tour_runs_and_shows_a_diffview(notebook):
-    _open(notebook, "00_tour", "DiffView", "gen_tour.ipynb", whole=True)
-    notebook.run_all()
-    view = notebook.page.locator(".labkit-diffview").first
-    view.wait_for()
-    tokens = view.locator(".labkit-tokens .labkit-tok")
-    assert tokens.count() > 0, "the DiffView shows no coloured tokens"
-    assert view.locator(".labkit-legend").count() == 1
-    assert view.locator(".labkit-code .labkit-line").count() > 0  # the buggy code
-    notebook.screenshot(".labkit-diffview", "diffview.png")
 
 
 def test_reward_tuner_slider_changes_advantages(notebook):
@@ -475,37 +459,57 @@ def _outputs(page) -> list[str]:
                          ".map(o => o.textContent)")
 
 
-def test_make_jupyter_autosaves_a_tracked_notebook_without_dirtying_git(notebook):
-    """``make jupyter``'s server (started as it starts it, as root too where the suite runs as
-    root: no ``--allow-root``) serves the repository. Cells of a tracked notebook run, their
-    outputs show, JupyterLab autosaves the notebook, and ``git status`` stays clean: the
-    pre-save hook strips what is saved while the open tab keeps its outputs. No news pop-up."""
+def _retype_line(page, cell, old: str, new: str) -> None:
+    """In code cell ``cell`` (a locator), replace the line ``old`` by ``new`` with the
+    keyboard, as a learner edits."""
+    source = cell.locator(".cm-content").inner_text().splitlines()
+    row = source.index(old)
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+Home")
+    for _ in range(row):
+        page.keyboard.press("ArrowDown")
+    page.keyboard.press("Home")
+    page.keyboard.press("Shift+End")
+    page.keyboard.type(new)
+    page.keyboard.press("Escape")
+    assert new in cell.locator(".cm-content").inner_text()
+
+
+def test_tour_runs_and_make_jupyter_saves_it_without_dirtying_git(notebook):
+    """The tracked ``notebooks/00_tour.ipynb`` on ``make jupyter``'s server (started as it
+    starts it, as root too where the suite runs as root: no ``--allow-root``): edited to
+    ``smoke = True`` and run whole, it shows a DiffView of coloured tokens; edited back and
+    autosaved, ``git status`` stays clean (the pre-save hook strips outputs and what
+    JupyterLab adds) while the tab keeps its outputs. No news pop-up shows."""
     lab, page = notebook.server, notebook.page
     path = lab.root / "notebooks" / "00_tour.ipynb"
     before = path.stat().st_mtime_ns
     _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {"autosaveInterval": 2})
     try:
         notebook.open(path)
-        panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-        page.locator(f"{panel} .jp-Cell").nth(2).locator(".jp-InputArea-editor").click()
-        for _ in range(4):  # the parameters, the set-up, a heading, the tasks
-            page.keyboard.press("Shift+Enter")
-        shown = page.locator(".jp-OutputArea-output", has_text="The model is shown the problem")
-        shown.first.wait_for(timeout=120_000)
-        page.wait_for_function(  # saved since: nothing left unsaved
-            """() => ![...document.querySelectorAll('.lm-TabBar-tab')]
-                   .some(t => t.classList.contains('jp-mod-dirty'))""", timeout=60_000)
-        deadline = time.monotonic() + 30
-        while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
-            time.sleep(0.5)
+        params = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").first
+        _retype_line(page, params, "smoke = False", "smoke = True")
+        notebook.run_all()
+        view = page.locator(".labkit-diffview").first
+        view.wait_for()
+        assert view.locator(".labkit-tokens .labkit-tok").count() > 0, "no coloured tokens"
+        assert view.locator(".labkit-legend").count() == 1
+        assert view.locator(".labkit-code .labkit-line").count() > 0  # the buggy code
+        notebook.screenshot(".labkit-diffview", "diffview.png")
+        _retype_line(page, params, "smoke = True", "smoke = False")
+        deadline, status = time.monotonic() + 60, None
+        while time.monotonic() < deadline:  # until an autosave after the edit back
+            status = subprocess.run(["git", "status", "--porcelain"], cwd=lab.root,
+                                    capture_output=True, text=True, check=True).stdout
+            if not status and path.stat().st_mtime_ns != before:
+                break
+            time.sleep(1)
     finally:
         _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {})
-    assert path.stat().st_mtime_ns != before, "JupyterLab never saved the notebook"
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=lab.root, capture_output=True,
-                            text=True, check=True).stdout
     diff = subprocess.run(["git", "diff"], cwd=lab.root, capture_output=True, text=True).stdout
+    assert path.stat().st_mtime_ns != before, "JupyterLab never saved the notebook"
     assert status == "", f"saving from make jupyter changed git's files:\n{status}{diff[:3000]}"
-    assert shown.count() >= 1  # the tab still shows the outputs
+    assert view.locator(".labkit-tokens .labkit-tok").count() > 0  # the tab keeps its outputs
     assert page.locator(".jp-toast-message", has_text="news").count() == 0
 
 
@@ -549,9 +553,11 @@ def test_interrupting_05_stops_training_with_one_line(notebook):
     """Notebook 05 (smoke budget, many steps) under Run All: once the dashboard has a point,
     the toolbar's interrupt button stops the trainer after its step; the waiting cell prints
     one line, "stopped at step N", the dashboard keeps N points, no output holds a traceback
-    (none from the dashboard's thread either), and the rest of the notebook shows the run."""
+    (none from the dashboard's thread either), and the cells below read the stopped run (the
+    copy ends at the first of them that shows it, its DiffView)."""
     lab, page = notebook.server, notebook.page
     smoke_copy(ROOT / "notebooks" / "05_training.ipynb", lab.work / "05_training.ipynb",
+               until="DiffView.from_record(rec)",
                then="steps = 400  # far more than the test waits for: only the interrupt ends it")
     notebook.open("05_training.ipynb")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
@@ -572,4 +578,5 @@ def test_interrupting_05_stops_training_with_one_line(notebook):
     n = int(m.group(1))
     time.sleep(3)  # no step after the stop
     assert _plot_points(page) == n
-    assert any("grpo:" in t and "sample" in t for t in texts)  # the cells below ran on the run
+    assert any(t.startswith("grpo: ") and " sample " in t for t in texts)  # read the stopped run
+    assert page.locator(".labkit-diffview").count() >= 1

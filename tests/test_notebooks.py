@@ -189,8 +189,10 @@ def test_clear_outputs_strips(tmp_path):
                                            execution_count=1)]
     cell.execution_count = 1
     cell.metadata["papermill"] = {"duration": 1}
-    cell.metadata.update(collapsed=True, jupyter={"outputs_hidden": True})
-    nb.cells = [cell]
+    cell.metadata.update(collapsed=True, jupyter={"outputs_hidden": True})  # view state
+    recorded = nbformat.v4.new_code_cell("summary = record(...)")
+    recorded.metadata["tags"] = ["record"]  # running it in JupyterLab dropped outputs_hidden
+    nb.cells = [cell, recorded]
     nb.metadata["papermill"] = {}
     # what JupyterLab writes from the running kernel
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
@@ -203,7 +205,8 @@ def test_clear_outputs_strips(tmp_path):
     assert back.cells[0].outputs == [] and back.cells[0].execution_count is None
     assert "papermill" not in back.metadata and "papermill" not in back.cells[0].metadata
     assert back.metadata["kernelspec"] == lab.KERNELSPEC and back.metadata["language_info"] == {"name": "python"}
-    assert back.cells[0].metadata == {"jupyter": {"outputs_hidden": True}}  # the view flag it mirrors goes
+    assert back.cells[0].metadata == {}  # view state goes
+    assert back.cells[1].metadata == {"tags": ["record"], "jupyter": {"outputs_hidden": True}}
     assert lab.clear_outputs([p]) == []
 
 
