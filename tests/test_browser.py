@@ -558,7 +558,8 @@ def test_interrupting_05_stops_training_with_one_line(notebook):
     lab, page = notebook.server, notebook.page
     smoke_copy(ROOT / "notebooks" / "05_training.ipynb", lab.work / "05_training.ipynb",
                until="DiffView.from_record(rec)",
-               then="steps = 400  # far more than the test waits for: only the interrupt ends it")
+               then="steps = 400  # far more than the test waits for: only the interrupt ends it\n"
+                    "max_new_tokens = 64  # quicker steps")
     notebook.open("05_training.ipynb")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
