@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test test-setup system-packages test-record test-fast test-fast-record chromium libseccomp install verl-extra jupyter bench clean-venv
+.PHONY: record-experiment lab test test-setup system-packages test-record test-fast test-fast-record chromium libseccomp install verl-extra jupyter bench clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,22 @@ libseccomp:
 # JUPYTER_ARGS adds options, e.g. JUPYTER_ARGS="--no-browser --port=8890".
 jupyter: $(STAMP)
 	$(VENV)/bin/jupyter lab --config=.jupyter/jupyter_server_config.py $(JUPYTER_ARGS)
+
+# An experiment for the record: run from a git worktree at the current commit (refused when the
+# code has uncommitted changes), so the code under the runs never changes while they train; its
+# runs go to runs/experiments/<commit>/ (run the same command again to resume; credit keeps no
+# runs) and its page is
+# copied into docs/results. `make record-experiment NAME=didpo ARGS="--set seeds=[0,1,2,3]"`.
+record-experiment: libseccomp $(STAMP)
+	@test -n "$(NAME)" || { echo "give the experiment: make record-experiment NAME=learning"; exit 2; }
+	@test -z "$$(git status --porcelain -- labkit data pyproject.toml constraints.txt)" || \
+		{ echo "commit the code first: an experiment for the record runs at one clean commit"; exit 2; }
+	c=$$(git rev-parse --short=12 HEAD); wt=runs/worktrees/$$c; \
+	[ -d $$wt ] || git worktree add --detach $$wt HEAD; \
+	ln -sfn $(CURDIR)/$(VENV) $$wt/$(VENV); \
+	cd $$wt && PYTHONPATH=$$PWD $(CURDIR)/$(PY) -m labkit experiment $(NAME) --set out=docs/results \
+		$(if $(filter credit,$(NAME)),,--set run_root=$(CURDIR)/runs/experiments/$$c) $(ARGS) && \
+	cp docs/results/$(NAME).* $(CURDIR)/docs/results/
 
 bench: libseccomp $(STAMP)
 	$(PY) -m labkit.bench sandbox

@@ -13,10 +13,26 @@ import sys
 from pathlib import Path
 
 SOURCES = ("humaneval", "synthetic", "humanevalpack")
+OWN_PARSERS = {"paired": "labkit.experiments.paired"}
+"""Commands that parse their own arguments: the module whose ``build_parser`` and ``main``
+they are (their options come after the run folders)."""
 
 
 class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+    """A user-facing error: printed as one line, exit status ``status`` (2: bad input; 130:
+    stopped by Ctrl-C)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str):
+        command = self.prog if self.prog.startswith("python") else f"python -m {self.prog}"
+        self.exit(2, f"{self.prog}: error: {message} (see {command} --help)\n")
 
 
 def _emit(obj: dict) -> None:
@@ -211,12 +227,27 @@ def cmd_pretrain_tiny(args) -> int:
     return 0
 
 
+def eval_config(args):
+    """``eval``'s :class:`~labkit.policy.evaluate.EvalConfig`: its defaults, with the flags
+    given (one default temperature: ``EvalConfig.temperature``, the trainer's evaluations')."""
+    from labkit.policy.evaluate import EvalConfig
+
+    flags = {"k": args.k, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens}
+    return EvalConfig(**{k: v for k, v in flags.items() if v is not None})
+
+
 def cmd_eval(args) -> int:
     from labkit.env.sandbox import Sandbox
     from labkit.env.tasks import load_tasks
-    from labkit.policy.evaluate import EvalConfig, evaluate
-    from labkit.policy.loading import PolicyLoadError, load_policy
+    from labkit.policy.evaluate import evaluate
+    from labkit.policy.loading import PolicyLoadError, check_completion_length, load_policy
 
+    cfg = eval_config(args)
+    try:
+        cfg.validate()
+        check_completion_length(args.policy, cfg.max_new_tokens, "--max-new-tokens")
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if args.per_template is not None and args.source != "synthetic":
         raise CLIError(f"--per-template needs --source synthetic (its tasks have templates), "
                        f"not {args.source!r}")
@@ -243,11 +274,6 @@ def cmd_eval(args) -> int:
         if not Path(args.humanevalfix).is_file():
             raise CLIError(f"--humanevalfix {args.humanevalfix!r}: no such file")
         ood["humanevalfix"] = load_tasks("humanevalpack", path=args.humanevalfix)
-    if args.temperature is None:
-        from labkit.policy.rollout import SamplingConfig
-
-        args.temperature = SamplingConfig().temperature
-    cfg = EvalConfig(k=args.k, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     with Sandbox() as sb:
         rep = evaluate(policy, tasks, cfg, sandbox=sb, progress=True)
         ood_reps = {name: evaluate(policy, ts, cfg, sandbox=sb, progress=True)
@@ -279,32 +305,130 @@ def cmd_eval(args) -> int:
 # ----------------------------------------------------------------------------- train
 
 
-def cmd_train(args) -> int:
+def _train_config(args):
+    """The config ``train`` runs (a new run's, or a resumed run's with its accepted changes)
+    and what the resume changes (``{}`` for a new run); config-time errors as CLIError."""
     from labkit.config import ConfigError, apply_overrides, load_yaml
-    from labkit.loops.trackers import TrackerError
-    from labkit.loops.trainer import CheckpointError, RunFolderError, TrainConfig, train_from_config
+    from labkit.loops.trainer import TrainConfig
 
     try:
         if args.resume:
-            run_dir = Path(args.resume)
-            if not (run_dir / "config.json").is_file():
-                raise CLIError(f"--resume {args.resume!r}: not a run folder (no config.json)")
-            from labkit.config import from_dict
+            from labkit.loops.resume import resume_config
 
-            cfg = from_dict(TrainConfig, json.loads((run_dir / "config.json").read_text()))
-            cfg = apply_overrides(cfg, args.set)
-            cfg.run_dir = str(run_dir)
-        elif args.config:
-            cfg = load_yaml(TrainConfig, args.config, args.set)
-        else:
-            cfg = apply_overrides(TrainConfig(), args.set)
+            if not Path(args.resume, "config.json").is_file():
+                raise CLIError(f"--resume {args.resume!r}: not a run folder (no config.json)")
+            if args.config:
+                raise CLIError(f"--resume reads the run's own config ({args.resume}/config.json); "
+                               "drop --config and pass changes with --set")
+            return resume_config(args.resume, args.set)
+        if args.config:
+            return load_yaml(TrainConfig, args.config, args.set), {}
+        return apply_overrides(TrainConfig(), args.set), {}
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
+
+
+def _forget_run(run, held_before: bool) -> None:
+    """Remove what a new run wrote before its first step (its files, checkpoints, tracker
+    folders, running mark, and the folder itself when it was made for it and is empty)."""
+    run.clear()
+    run.file(run.RUNNING).unlink(missing_ok=True)
+    if not held_before and run.path.is_dir() and not any(run.path.iterdir()):
+        run.path.rmdir()
+
+
+class _Stop:
+    """Ctrl-C during training: the first asks the trainer to stop after the step it is in (the
+    step is logged and checkpointed); a second stops at once (KeyboardInterrupt)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.asked, self._old = trainer, False, None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and self.trainer.world == 1:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        self.trainer.request_stop()
+        print("\nstopping when the step under way ends (it is logged and checkpointed); Ctrl-C "
+              "again stops at once", flush=True)
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+def cmd_train(args) -> int:
+    from labkit.loops.events import RunFolder
+    from labkit.loops.resume import checkpoint_step, record_changes
+    from labkit.loops.trackers import TrackerError
+    from labkit import provenance
+    from labkit.loops.trainer import CheckpointError, RunFolderError, Trainer, latest_checkpoint
+    from labkit.policy.loading import PolicyLoadError
+
+    cfg, changes = _train_config(args)
+    resume = f"python -m labkit train --resume {cfg.run_dir}"
+    if args.quiet:  # nor the model loader's bar
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    from labkit.loops.preflight import check_run, first_process
+
     try:
-        trainer = train_from_config(cfg, resume=bool(args.resume), progress=not args.quiet,
-                                    overwrite=args.overwrite)
-    except (CheckpointError, RunFolderError, TrackerError) as e:
+        if args.resume and latest_checkpoint(cfg.run_dir) is not None:  # before anything loads
+            provenance.refuse_drift(cfg.run_dir, "resume", args.allow_code_drift)
+        train_tasks, eval_tasks = check_run(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+    except (ValueError, RunFolderError, TrackerError, provenance.CodeDriftError) as e:
         raise CLIError(str(e)) from None
+    run = RunFolder(cfg.run_dir)
+    held_before, trainer, start, undo, entered, stop = run.holds_run(), None, 0, None, False, None
+    try:
+        try:
+            trainer = Trainer(cfg, train_tasks=train_tasks, eval_tasks=eval_tasks,
+                              overwrite=args.overwrite)
+            if args.resume:
+                start = trainer.resume(allow_code_drift=args.allow_code_drift)
+                if changes and trainer.is_main:
+                    undo = record_changes(trainer.run, cfg, changes, start)
+            entered = True
+            with _Stop(trainer) as stop:
+                trainer.train(progress=not args.quiet)
+        finally:
+            if trainer is not None:
+                trainer.close()
+    except BaseException as e:
+        stepped = trainer is not None and trainer.step > start
+        if not stepped and undo is not None:
+            undo()
+        if not stepped and not args.resume and (entered or not held_before) and first_process():
+            _forget_run(run, held_before)
+        if isinstance(e, KeyboardInterrupt):
+            if not stepped and not args.resume:
+                raise CLIError("stopped before the first step; nothing was saved", 130) from None
+            ckpt = checkpoint_step(run.path)
+            at = (f"stopped at step {ckpt} (the last checkpoint)" if ckpt
+                  else "stopped before the first checkpoint (a resume starts at step 0)")
+            raise CLIError(f"{at}; resume with {resume}", 130) from None
+        if isinstance(e, (CheckpointError, RunFolderError, TrackerError, PolicyLoadError,
+                          provenance.CodeDriftError)):
+            raise CLIError(str(e)) from None
+        raise
+    if stop is not None and stop.asked and trainer.step < cfg.steps:
+        if trainer.step == 0 and not args.resume and trainer.is_main:
+            _forget_run(run, held_before)
+            raise CLIError("stopped before the first step; nothing was saved", 130)
+        _emit({"run_dir": cfg.run_dir, "steps": trainer.step, "stopped": True})
+        raise CLIError(f"stopped at step {trainer.step}; resume with {resume}", 130)
     rows = trainer.run.read("metrics.jsonl")
     evals = trainer.run.read("eval.jsonl")
     _emit({"run_dir": cfg.run_dir, "steps": trainer.step,
@@ -384,14 +508,21 @@ def cmd_mucode(args) -> int:
 def cmd_experiment(args) -> int:
     from labkit import experiments
     from labkit.config import ConfigError, apply_overrides
+    from labkit.experiments.config import ReuseError, smoke_config
+    from labkit.experiments.pages import PublishError
     from labkit.experiments.stats import verdict
+    from labkit.provenance import CodeDriftError
 
     try:
         module = experiments.load(args.name)
-        exp = apply_overrides(module.Config(), args.set)
+        base = smoke_config(module) if args.smoke else module.Config()
+        exp = apply_overrides(base, args.set)
     except (ConfigError, ValueError) as e:
         raise CLIError(str(e)) from None
-    md = module.run(exp)
+    try:
+        md = module.run(exp)
+    except (CodeDriftError, PublishError, ReuseError) as e:
+        raise CLIError(str(e)) from None
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())
     groups = {"": results} if "methods" in results else {f"{k}/": v for k, v in results.get("regimes", {}).items()}
@@ -404,6 +535,26 @@ def cmd_experiment(args) -> int:
                 summary[f"{prefix}{m}_paired_change"] = round(r["paired_change"]["mean"], 4)
                 summary[f"{prefix}{m}_verdict"] = verdict(r["paired_change"])
     _emit({"experiment": args.name, "report": str(md), **summary})
+    return 0
+
+
+def cmd_results(args) -> int:
+    from labkit.experiments import EXPERIMENTS
+    from labkit.experiments.pages import restat
+
+    done = []
+    for f in args.files:
+        path = Path(f)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CLIError(f"{f}: cannot read a results JSON ({e})") from None
+        if str(data.get("experiment", "")).split("/")[0] not in EXPERIMENTS:
+            print(f"{f}: not an experiment's results; left alone")
+            continue
+        done.append(str(restat(path)))
+        print(f"{f}: statistics computed again; {done[-1]} rendered")
+    _emit({"action": args.action, "pages": done})
     return 0
 
 
@@ -443,8 +594,23 @@ def cmd_lab(args) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
+def _own_parser(command: str, argv: list[str]) -> int:
+    """Run a command of :data:`OWN_PARSERS` once its run folders are known to be run folders."""
+    import importlib
+    import types
+
+    module = importlib.import_module(OWN_PARSERS[command])
+    parser = module.build_parser()
+    parser.error = types.MethodType(_Parser.error, parser)  # one line, as every command's
+    args = parser.parse_args(argv)
+    for run in getattr(args, "runs", []):
+        if not Path(run, "config.json").is_file():
+            raise CLIError(f"{command}: {run!r} is not a run folder (no config.json)")
+    return module.main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    p = _Parser(prog="labkit", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     def task_args(sp, *, split_default=None):
@@ -453,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--split", choices=("train", "val", "test", "in_template"),
                         default=split_default)
         sp.add_argument("--n", type=int, default=None, help="number of problems (synthetic: required size)")
-        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--seed", type=int, default=0, help="seed of task generation and bug injection")
 
     tasks = sub.add_parser("tasks", help="repair tasks").add_subparsers(dest="action", required=True)
     v = tasks.add_parser("validate", help="execute every task's reference and buggy code")
@@ -466,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--train-n", type=int, default=2000, help="training problems")
     o.add_argument("--against", choices=("train", "val"), default="train",
                    help="the split trained on (val: the RL-on-new-templates setting)")
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--seed", type=int, default=0, help="seed of problem generation")
     o.add_argument("--model", default=str(Path(__file__).resolve().parent.parent / "data" / "models" / "tiny"),
                    help="model folder whose manifest lists its SFT templates ('' = none)")
     o.set_defaults(func=cmd_tasks_overlap)
@@ -477,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh.set_defaults(func=cmd_tasks_ship)
     s = tasks.add_parser("show", help="print one task")
     task_args(s)
-    s.add_argument("--task", required=True)
+    s.add_argument("--task", required=True, help="task id, e.g. humaneval/HumanEval-0/bug0")
     s.set_defaults(func=cmd_tasks_show)
 
     sb = sub.add_parser("sandbox", help="the code sandbox").add_subparsers(dest="action", required=True)
@@ -498,9 +664,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out pass@k of a policy")
     ev.add_argument("--policy", default="tiny", help="'tiny' or a local HF model folder")
     task_args(ev, split_default="test")
-    ev.add_argument("--k", type=int, default=8)
+    ev.add_argument("--k", type=int, default=None,
+                    help="samples per task (default: EvalConfig.k)")
     ev.add_argument("--temperature", type=float, default=None,
-                    help="default: the trainer's sampling temperature (SamplingConfig)")
+                    help="sampling temperature (default: EvalConfig.temperature, the trainer's "
+                         "eval_temperature too)")
     ev.add_argument("--no-ood", dest="ood", action="store_false",
                     help="skip the out-of-distribution row (bug-injected HumanEval)")
     ev.add_argument("--humanevalfix", metavar="FILE",
@@ -508,16 +676,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--per-template", type=int, default=None, metavar="CAP",
                     help="synthetic: at most CAP tasks of any one template, the --n tasks filled "
                          "from further down the stream (default: the split's first --n as drawn)")
-    ev.add_argument("--max-new-tokens", type=int, default=320)
-    ev.add_argument("--out", default="runs/eval")
+    ev.add_argument("--max-new-tokens", type=int, default=None,
+                    help="longest completion in tokens (default: EvalConfig.max_new_tokens)")
+    ev.add_argument("--out", default="runs/eval", help="folder of the per-task table and summary")
     ev.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("train", help="RL training (GRPO and friends) from a config")
     tr.add_argument("--config", help="YAML file with TrainConfig fields")
     tr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a field, e.g. --set loss.kl_coef=0.01 --set steps=50")
-    tr.add_argument("--resume", metavar="RUN_DIR", help="resume a run from its last checkpoint")
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.add_argument("--resume", metavar="RUN_DIR",
+                    help="resume a run from its last checkpoint; --set may change steps, "
+                         "checkpoint_every, keep_checkpoints, log_rollouts, report_to and "
+                         "trackers.* (recorded in config_history.jsonl), and nothing else")
+    tr.add_argument("--allow-code-drift", action="store_true",
+                    help="with --resume: continue a run trained by other code (another commit or "
+                         "other uncommitted changes; default: refuse)")
+    tr.add_argument("--quiet", action="store_true", help="no progress bars")
     tr.add_argument("--overwrite", action="store_true",
                     help="replace a run already in run_dir (default: refuse)")
     tr.set_defaults(func=cmd_train)
@@ -534,11 +709,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set iterations=1 --set verifier.loss=bce")
     mc.set_defaults(func=cmd_mucode)
 
-    ex = sub.add_parser("experiment", help="multi-seed comparisons written to docs/results/")
-    ex.add_argument("name", help="reshaping, didpo, credit or mucode")
+    from labkit.experiments import EXPERIMENTS
+
+    ex = sub.add_parser("experiment", help="multi-seed comparisons with paired held-out "
+                                           "evaluation, controls and verdicts (runs/results/ by "
+                                           "default; --set out=docs/results publishes)")
+    ex.add_argument("name", help=f"the experiment: {', '.join(EXPERIMENTS)}")
+    ex.add_argument("--smoke", action="store_true",
+                    help="the experiment's tiny budget: the whole pipeline in minutes; its page "
+                         "says its numbers decide nothing")
     ex.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override ExperimentConfig, e.g. --set steps=30 --set seeds=0,1,2")
+                    help="override the experiment's config, e.g. --set steps=30 --set seeds=[0,1,2]")
     ex.set_defaults(func=cmd_experiment)
+
+    rs = sub.add_parser("results", help="committed results: compute their statistics again "
+                                        "(restat) from their per-task data, without training")
+    rs.add_argument("action", choices=["restat"], help="restat: every change, claim and control "
+                                                       "read again with this code's statistics")
+    rs.add_argument("files", nargs="+", help="results JSON files (e.g. docs/results/*.json)")
+    rs.set_defaults(func=cmd_results)
 
     dc = sub.add_parser("docs", help="write the generated tables of the README and docs/ (results "
                                      "findings, benchmarks, model quality, the reference) from "
@@ -547,7 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     dc.set_defaults(func=cmd_docs)
 
     sub.add_parser("paired", help="start vs final checkpoint of runs on the same held-out tasks "
-                                  "(paired; see `python -m labkit paired --help`)")
+                                  "(paired); options after the run folders")
 
     lab = sub.add_parser("lab", help="run the notebook sequence headless (papermill) and "
                                      "write runs/lab-<timestamp>/ with an HTML report")
@@ -567,16 +756,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["paired"]:  # its own parser (options after the run folders)
-        from labkit.experiments import paired
-
-        return paired.main(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
+        if argv[:1] and argv[0] in OWN_PARSERS:
+            return _own_parser(argv[0], argv[1:])
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except CLIError as e:
-        print(f"labkit: error: {e}", file=sys.stderr)
-        return 2
+        print(f"labkit: {'error: ' if e.status == 2 else ''}{e}", file=sys.stderr)
+        return e.status
+    except KeyboardInterrupt:
+        print("labkit: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

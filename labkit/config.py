@@ -9,6 +9,7 @@ a typo fails loudly instead of silently training with a default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from pathlib import Path
@@ -46,6 +47,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
+        if isinstance(value, str) and hasattr(tp, "named"):
+            try:
+                return tp.named(value)
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {value!r}")
         return from_dict(tp, value, _where=where)
@@ -101,6 +107,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked (and gently converted) as a config value of type ``tp``; a
+    :class:`ConfigError` naming ``where`` when it is not one."""
+    return _coerce(value, tp, where)
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and bad values raise ConfigError.
 
@@ -114,8 +126,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, _where: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{_where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+        raise ConfigError(f"{_where or cls.__name__}: unknown key(s) {unknown}"
+                          f"{did_you_mean(unknown[0], fields)}; valid keys: {sorted(fields)}")
     kwargs = {}
     for k, v in data.items():
         default = _field_default(fields[k])
@@ -181,36 +193,89 @@ def to_record(cfg: Any) -> dict:
     return portable(to_dict(cfg))
 
 
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'x'?)`` naming the choice closest to ``word``, or nothing."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"a.b=3"`` -> (["a", "b"], 3) with the value parsed as YAML (numbers, bools, lists)."""
+    """``"a.b=3"`` -> (["a", "b"], 3) with the value parsed as YAML (numbers, bools, lists,
+    the flow mapping ``{lam: 0.5}``)."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value (e.g. sandbox.workers=2)")
     key, raw = item.split("=", 1)
+    path = key.strip().split(".")
+    if any(not part.strip() for part in path):
+        raise ConfigError(f"override {item!r}: the key {key.strip()!r} has an empty part; write "
+                          "dotted keys like loss.kl_coef=0.01")
     import yaml
 
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    return [part.strip() for part in path], value
+
+
+def _optional_inner(tp: Any) -> Any:
+    """``X`` for ``X | None`` (the one type besides ``None``), else ``tp``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(inner) == 1:
+            return inner[0]
+    return tp
+
+
+def _is_mapping_type(tp: Any) -> bool:
+    return tp is dict or typing.get_origin(tp) is dict
+
+
+def _set_override(data: dict, cls: type, path: list[str], value: Any, item: str) -> None:
+    """Set ``path`` of the nested dict ``data`` (a dataclass ``cls`` as a dict) to ``value``,
+    walking the types alongside: a dataclass section takes its own fields only, a mapping
+    field (``estimator_options``) any key; a section's name (``reshape=reshaped_grpo``) is
+    replaced by its fields (the dataclass's ``named`` constructor)."""
+    node, tp = data, cls
+    for i, part in enumerate(path):
+        here = ".".join(path[: i + 1])
+        if dataclasses.is_dataclass(tp):
+            fields = [f.name for f in dataclasses.fields(tp) if f.init]
+            if part not in fields:
+                raise ConfigError(f"override {item!r}: unknown key {here!r}"
+                                  f"{did_you_mean(part, fields)}; valid keys here: {sorted(fields)}")
+            tp = _optional_inner(_field_types(tp)[part])
+        elif _is_mapping_type(tp):
+            args = typing.get_args(tp)
+            tp = args[1] if len(args) == 2 else Any
+        else:
+            above = ".".join(path[:i])
+            raise ConfigError(f"override {item!r}: {above!r} is a value, not a section; set it "
+                              f"as {above}=VALUE")
+        if i == len(path) - 1:
+            if isinstance(value, str) and dataclasses.is_dataclass(tp) and hasattr(tp, "named"):
+                try:
+                    value = to_dict(tp.named(value))
+                except ValueError as e:
+                    raise ConfigError(f"override {item!r}: {e}") from None
+            node[part] = value
+        else:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
 
 
 def apply_overrides(cfg: T, overrides: list[str] | tuple[str, ...]) -> T:
-    """Return a copy of ``cfg`` with ``key.sub=value`` overrides applied and re-validated."""
+    """Return a copy of ``cfg`` with ``key.sub=value`` overrides applied and re-validated.
+
+    Keys are checked against the dataclasses as they are walked: an unknown key names the
+    closest valid one; a mapping field takes any key (``estimator_options.lam=0.5``, checked
+    by the config's own ``validate``); a section given a name (``reshape=reshaped_grpo``) is
+    that named config (its class's ``named``), and later overrides edit it."""
     data = to_dict(cfg)
     for item in overrides:
         path, value = parse_override(item)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            if part not in node or not isinstance(node[part], dict):
-                raise ConfigError(
-                    f"override {item!r}: {'.'.join(path[: i + 1])!r} is not a section; "
-                    f"sections: {sorted(k for k, v in node.items() if isinstance(v, dict))}")
-            node = node[part]
-        if path[-1] not in node:
-            raise ConfigError(f"override {item!r}: unknown key {'.'.join(path)!r}; "
-                              f"valid keys here: {sorted(node)}")
-        node[path[-1]] = value
+        _set_override(data, type(cfg), path, value, item)
     return from_dict(type(cfg), data)
 
 

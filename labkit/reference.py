@@ -6,7 +6,9 @@
 * every advantage estimator of :data:`labkit.credit.advantages.ADVANTAGE_ESTIMATORS` with its
   equation (its docstring), what it needs besides rewards and whether it returns sequence or
   token credit; every policy loss;
-* the reshaping recipes and the feedback regimes.
+* the reshaping recipes and the feedback regimes;
+* every command of ``python -m labkit`` with each of its arguments, read from the argument
+  parsers (:func:`commands`).
 
 ``python -m labkit docs`` writes it with the other generated tables; ``--check`` fails when it
 is stale (a test runs the check).
@@ -14,15 +16,19 @@ is stale (a test runs the check).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import importlib
 import inspect
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import labkit.credit  # noqa: F401 - registers every estimator
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+from labkit.__main__ import OWN_PARSERS, build_parser
+from labkit.config import REPO_ROOT
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, estimator_options
 from labkit.credit.losses import POLICY_LOSSES
 from labkit.credit.reshaping import RECIPES, ReshapeConfig
 from labkit.env.feedback import FEEDBACK_MODES, r_feedback
@@ -156,8 +162,10 @@ def estimators() -> list[str]:
     for name in ADVANTAGE_ESTIMATORS:
         fn, meta = ADVANTAGE_ESTIMATORS[name], ADVANTAGE_ESTIMATORS.meta(name)
         needs = ", ".join(meta.get("needs", ())) or "rewards only"
+        options = ", ".join(f"`{k}` ({_type_name(t)})" for k, t in estimator_options(name).items())
         out += [f"### `{name}`", "", f"*needs*: {needs}; *credit*: {meta.get('credit', '?')}; "
-                f"`{fn.__module__}.{fn.__name__}`", "", inspect.getdoc(fn) or "(no docstring)", ""]
+                f"`{fn.__module__}.{fn.__name__}`", "", f"*options* (`estimator_options`): "
+                f"{options or 'none'}", "", inspect.getdoc(fn) or "(no docstring)", ""]
     out += ["## Policy losses", "", "`TrainConfig.loss.name` names one.", ""]
     for name in POLICY_LOSSES:
         fn = POLICY_LOSSES[name]
@@ -185,7 +193,81 @@ def recipes_and_regimes() -> list[str]:
     return out
 
 
+def _portable(value):
+    """A default as the page shows it: a folder of the checkout relative to its root (the page
+    is the same on every machine)."""
+    if isinstance(value, str) and value.startswith("/"):
+        try:
+            return str(Path(value).resolve().relative_to(REPO_ROOT))
+        except ValueError:
+            return value
+    return value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def subcommands(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+    """``(command, help, parser)`` of every command under ``parser``, depth first, in the
+    order they were added (``tasks validate`` under ``tasks``); commands that parse their own
+    arguments (``labkit.__main__.OWN_PARSERS``) with their own parser."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help or "" for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            command = f"{path} {name}".strip()
+            if name in OWN_PARSERS and not path:
+                sub = importlib.import_module(OWN_PARSERS[name]).build_parser()
+            if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                yield from subcommands(sub, command)
+            else:
+                yield command, helps.get(name, ""), sub
+
+
+def argument_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]:
+    """``(argument, default, help)`` of each argument of ``parser`` (``--help`` left out):
+    the flags with their value's name, a positional by its name."""
+    rows = []
+    for a in parser._actions:
+        if isinstance(a, argparse._HelpAction):
+            continue
+        value = a.metavar or (a.dest.upper() if a.option_strings else a.dest)
+        takes = a.nargs != 0
+        name = ", ".join(f"{o} {value}" if takes else o for o in a.option_strings) or value
+        if a.nargs in ("+", "*", "?"):
+            name += {"+": " ...", "*": " ...", "?": " (optional)"}[a.nargs]
+        none = a.default is None or a.default is False or a.default == [] \
+            or a.default is argparse.SUPPRESS or not takes
+        default = "required" if a.required else "-" if none else f"`{_portable(a.default)}`"
+        help_ = a.help or ""
+        if a.choices:
+            help_ += f"{'; ' if help_ else ''}one of {', '.join(f'`{c}`' for c in a.choices)}"
+        if isinstance(a, argparse._AppendAction) and "repeatable" not in help_:
+            help_ += f"{'; ' if help_ else ''}repeatable"
+        rows.append((name, default, help_))
+    return rows
+
+
+def commands() -> list[str]:
+    """The command-line section: each command, what it does and its arguments, read from the
+    argument parsers (``labkit.__main__.build_parser``)."""
+    out = ["## Command line", "",
+           "`python -m labkit COMMAND ...`, every command and its arguments as its argument "
+           "parser defines them (`--help` prints the same). A command's last stdout line is one "
+           "JSON object; bad input is one line on stderr and exit status 2; Ctrl-C in `train` "
+           "saves a checkpoint and exits with 130.", ""]
+    for command, help_, parser in subcommands(build_parser()):
+        out += [f"### `{command}`", "", _cell(help_ or parser.description or ""), "",
+                "| argument | default | what it is |", "|---|---|---|"]
+        out += [f"| `{name}` | {_cell(default)} | {_cell(text)} |"
+                for name, default, text in argument_rows(parser)]
+        out.append("")
+    return out
+
+
 def markdown() -> str:
     """The whole reference page's generated body."""
-    lines = configs() + estimators() + recipes_and_regimes()
+    lines = configs() + estimators() + recipes_and_regimes() + commands()
     return "\n".join(lines).rstrip()

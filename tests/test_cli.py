@@ -1,4 +1,5 @@
-"""The command line: last line one JSON object; bad input is one clear line and exit 2."""
+"""The command line: last line one JSON object (bad input, one clear line and exit 2, is
+tests/test_bad_inputs.py's table)."""
 
 import json
 import subprocess
@@ -43,22 +44,3 @@ def test_sandbox_run_reference_and_broken_code(tmp_path):
     out = last_json(p)
     assert p.returncode == 1 and out["status"] == "error" and out["passed"] == 0
     assert "invalid code" in p.stderr
-
-
-def test_bad_input_is_one_clear_line(tmp_path):
-    cases = [
-        (("sandbox", "run", "--task", "nope", "--code", "README.md", *PACK), "unknown task 'nope'"),
-        (("sandbox", "run", "--task", "x", "--code", str(tmp_path / "missing.py"), *PACK), "no such file"),
-        (("tasks", "validate", "--source", "humanevalpack"), "needs --path"),
-        (("tasks", "validate", "--source", "humanevalpack", "--path", str(tmp_path / "no.jsonl")), "no such file"),
-        (("tasks", "validate", "--source", "synthetic"), "pass --n N"),
-        (("train", "--set", "stepz=3"), "unknown key"),
-        (("eval", "--policy", str(tmp_path)), "no config.json"),
-        (("eval", "--source", "humaneval", "--per-template", "3"), "needs --source synthetic"),
-        (("eval", "--source", "synthetic", "--per-template", "0"), "--per-template must be >= 1"),
-    ]
-    for args, msg in cases:
-        p = labkit(*args)
-        assert p.returncode == 2, (args, p.stdout, p.stderr)
-        lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("labkit: error:") and msg in lines[0], (args, p.stderr)

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from labkit.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from labkit.credit.reshaping import ReshapeConfig
 from labkit.env.feedback import FeedbackConfig
 
 
@@ -94,3 +95,41 @@ def test_a_yaml_syntax_error_names_the_file_and_line_in_one_line(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and f"{p}:4:" in msg and "not valid YAML" in msg
     assert "unicode string" not in msg
+
+
+def test_overrides_name_a_section_set_a_mapping_and_explain_a_bad_path():
+    from labkit.credit.reshaping import recipe
+    from labkit.loops.config import TrainConfig
+
+    cfg = apply_overrides(TrainConfig(), ["reshape=reshaped_grpo", "reshape.w_style=0.3",
+                                          "estimator=didpo", "estimator_options.lam=0.5",
+                                          "estimator_options.eta=0.7"])
+    assert cfg.reshape == ReshapeConfig(**{**vars(recipe("reshaped_grpo")), "w_style": 0.3})
+    assert cfg.estimator_options == {"lam": 0.5, "eta": 0.7}
+    flow = apply_overrides(TrainConfig(), ["estimator=didpo", "estimator_options={lam: 0.5, eta: 0.7}"])
+    assert flow.estimator_options == cfg.estimator_options
+    assert from_dict(TrainConfig, {"reshape": "reshaped_grpo"}).reshape == recipe("reshaped_grpo")
+    for item, says in [("loss..kl_coef=1", "has an empty part"), (".steps=1", "has an empty part"),
+                       ("steps.x=1", "'steps' is a value, not a section"),
+                       ("lossx.kl_coef=1", "unknown key 'lossx' (did you mean 'loss'?)"),
+                       ("loss.kl_cof=1", "unknown key 'loss.kl_cof' (did you mean 'kl_coef'?)"),
+                       ("reshape=nope", "unknown reshaping recipe 'nope'")]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            apply_overrides(TrainConfig(), [item])
+
+
+def test_estimator_options_are_checked_when_the_config_is_built():
+    from labkit.credit.advantages import estimator_options
+    from labkit.loops.config import TrainConfig
+
+    assert set(estimator_options("didpo_no_ae")) >= {"lam", "eta", "whole_diff"}
+    assert "no_episode" not in estimator_options("didpo_no_ae")  # the ablation sets it itself
+    assert estimator_options("didpo_fork_no_ae")["normalise"].__args__ == ("rms", "meanstd", "none")
+    for options, says in [({"lamda": 1.0}, "didpo takes no option 'lamda' (did you mean 'lam'?)"),
+                          ({"lam": "high"}, "estimator_options.lam: expected a number"),
+                          ({"eta": 1.5}, "eta must be in (0, 1]"),
+                          ({"gs_form": "mult"}, "'mult' is not one of")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            from_dict(TrainConfig, {"estimator": "didpo", "estimator_options": options})
+    with pytest.raises(ValueError, match="optim.lr must be > 0"):
+        from_dict(TrainConfig, {"optim": {"lr": -1e-3}})

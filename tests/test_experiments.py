@@ -13,6 +13,7 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.experiments import load
+from labkit.experiments.config import NOT_IN_COMMAND
 from labkit.experiments.findings import table as findings_table
 
 
@@ -47,11 +48,12 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
     wall = json.loads((runs / "didpo_fork@wall" / "seed0" / "config.json").read_text())
     assert wall["steps"] == res["wall_steps"] == max(1, int(2 * res["step_costs_s"]["grpo"]
                                                             / res["step_costs_s"]["didpo_fork"]))
-    assert set(res["controls"]) >= {"positive", "negative", "mde", "sensitive"}
-    assert "DiDPO minus GRPO, held-out two-bug repairs" in findings_table(tmp_path)
+    assert [c["role"] for c in res["primary"]["contrasts"]] == ["claim", "positive", "negative"]
+    assert res["primary"]["contrasts"][0]["size_abs"] == 0.056
+    assert "DiDPO - GRPO" in findings_table(tmp_path)
     assert res["methods"]["oracle_hunk"]["abs_adv_per_token"] is not None
     md = (tmp_path / "didpo.md").read_text()
-    assert "Could this testbed see the effect?" in md and "measured side by side" in md
+    assert "The claim and its controls" in md and "measured side by side" in md
     html = (tmp_path / "didpo.html").read_text()
     assert 'src="plotly.min.js"' in html and '"name":"grpo"' in html
 
@@ -125,7 +127,7 @@ def test_prepare_run_dir_resumes_the_same_run_and_moves_others_aside(tmp_path):
     (run / "config.json").write_text(json.dumps(to_dict(cfg)))
     record_weights(run, "03d98fdca54b")
     assert prepare_run_dir(run, cfg, weights="01b625e45bd3") is False  # another starting model
-    assert (tmp_path / "seed0.replaced-3" / "weights.json").exists() and not run.exists()
+    assert (tmp_path / "seed0.replaced-3" / "provenance.json").exists() and not run.exists()
 
 
 def test_figures_in_a_subfolder_load_the_projects_shared_plotly_copy(tmp_path):
@@ -240,64 +242,81 @@ def test_add_paired_reads_cached_evaluations_and_each_seed_has_its_own_start(tmp
     assert {c[1:3] for c in calls} == {(4, 0.7), (2, 1.6)}
 
 
-def test_experiment_learning_end_to_end_tiny_budget(tmp_path):
-    """Two seeds, one step, paired evaluation on 3 tasks: the results file has the setting,
-    the command that reruns it, the code commit and, per seed, the start evaluated at that
-    seed's own sampling seed; pass@k at the training temperature sits beside pass@1; the page
-    is its JSON rendered."""
+def test_experiment_learning_smoke_end_to_end(tmp_path):
+    """``experiment learning --smoke``: two seeds, tiny budget, the whole pipeline. The results
+    file has the setting, the command that rebuilds it (``--smoke``), each run's code and the
+    full training config, per seed the start evaluated at that seed's own sampling seed, the
+    claim read against its size; the page says it is a smoke run and is its JSON rendered, and
+    a smoke run is never published to docs/results."""
+    from labkit import provenance
     from labkit.experiments import learning, pages
-    from labkit.experiments.config import command
+    from labkit.experiments.config import command, smoke_config
     from labkit.config import from_dict
+    from labkit.policy.loading import weights_fingerprint
 
-    sets = ["seeds=[0,1]", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1",
-            "eval_tasks=2", "eval_k=1", "train_problems=6", "paired_tasks=3", "paired_k=2",
-            "paired_pass_k=2", "train_split=train", f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
-    cmd = [sys.executable, "-m", "labkit", "experiment", "learning"] + [a for s in sets for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "learning", "--smoke",
+           "--set", f"out={tmp_path}", "--set", f"run_root={tmp_path / 'runs'}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "learning.json").read_text())
+    assert res["config"]["smoke"] is True and res["seeds"] == [0, 1]
     assert res["setting"]["split"] == "test" and res["setting"]["feedback"] == "dense"
-    from labkit.policy.loading import weights_fingerprint
     sha = weights_fingerprint("tiny")
     assert res["setting"]["model_sha256"] == sha  # which model the numbers belong to
-    assert res["seeds"] == [0, 1] and res["code_commit"]
     exp = from_dict(learning.Config, res["config"])
-    assert res["command"] == command("learning", exp) and "--set 'seeds=[0,1]'" in res["command"]
-    change = res["methods"]["grpo"]["paired_change"]
-    assert change["over"] == "seeds" and change["tasks"] == 3 and change["seeds"] == 2
+    assert res["command"] == command("learning", exp) == (
+        f"python -m labkit experiment learning --smoke --set out={tmp_path} --set run_root={tmp_path / 'runs'}")
+    assert smoke_config(learning).steps == res["setting"]["steps"] == learning.SMOKE["steps"]
+    grpo = res["methods"]["grpo"]
+    assert grpo["train_config"]["loss"]["kl_coef"] == 0.01 and grpo["train_config"]["optim"]["grad_clip"] == 1.0
+    now = provenance.label(provenance.code_identity())
+    assert {provenance.label(s["code"]) for s in grpo["seeds"]} == {now} == set(res["provenance"]["runs"])
+    change = grpo["paired_change"]
+    assert change["over"] == "seeds and tasks" and change["tasks"] == 6 and change["seeds"] == 2
+    assert len(change["task_ids"]) == 6 and "mde" in change and "paired_pass_k_change" in grpo
     for seed in ("0", "1"):  # each seed's change is its end minus its own start
         start = res["paired"]["start"]["pass_at_1"][seed]
-        assert change["per_seed"][seed] == pytest.approx(res["methods"]["grpo"]["paired_end"][seed] - start)
-    assert "mde" in change and "paired_pass_k_change" in res["methods"]["grpo"]
+        assert change["per_seed"][seed] == pytest.approx(grpo["paired_end"][seed] - start)
+    claim = res["primary"]["contrasts"][0]
+    assert res["primary"]["key"] == "paired_clean" and claim["size_abs"] == 0.05
+    assert claim["verdict"] in ("supported", "refuted at this scale", "undecided")
     md = (tmp_path / "learning.md").read_text()
     assert md == pages.rerender(tmp_path / "learning.json")
-    assert res["command"] in md and sha in md and "pass@2" in md
+    assert "**Smoke run**" in md and res["command"] in md and sha in md and "pass@2" in md
+    with pytest.raises(pages.PublishError, match="smoke run is not published"):
+        pages.check_publishable(res, pages.RESULTS)
 
 
 def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     sets = ["seeds=0", "steps=1", "tasks_per_step=1", "group_size=2", "eval_every=1", "eval_tasks=2",
             "eval_k=1", "train_problems=60", "paired_tasks=2", "paired_k=1", "paired_pass_k=2",
-            "paired_per_template=0", "methods=[raw_grpo,raw_grpo_dense,reshaped_full,full-focus]",
+            "paired_per_template=0", "methods=[raw_grpo,raw_grpo_flip30,reshaped_full,full-focus]",
             f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
     cmd = [sys.executable, "-m", "labkit", "experiment", "reshaping"] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "reshaping.json").read_text())
-    assert set(res["methods"]) == {"raw_grpo", "raw_grpo_dense", "reshaped_full", "full-focus"}
+    assert set(res["methods"]) == {"raw_grpo", "raw_grpo_flip30", "reshaped_full", "full-focus"}
     runs = tmp_path / "runs" / "reshaping"
 
     def cfg(m):
         return json.loads((runs / m / "seed0" / "config.json").read_text())
 
-    assert cfg("raw_grpo")["feedback"]["mode"] == "binary" and cfg("raw_grpo_dense")["feedback"]["mode"] == "dense"
+    assert cfg("raw_grpo")["feedback"]["mode"] == "binary"
+    assert cfg("raw_grpo_flip30")["feedback"] == {**cfg("raw_grpo")["feedback"], "mode": "flipped", "noise_p": 0.3}
     full, no_focus = cfg("reshaped_full"), cfg("full-focus")
     assert full["curriculum"] and full["reshape"]["amplify"] == "piecewise" and full["reshape"]["focus_threshold"] > 0
     assert no_focus["reshape"]["focus_threshold"] == 0 and no_focus["reshape"]["amplify"] == "piecewise"
     assert full["tasks"]["templates"] == list(load("reshaping").Config().templates)
-    assert set(res["controls"]) >= {"positive", "mde", "sensitive"}
+    roles = [(c["role"], c["variant"], c.get("base")) for c in res["primary"]["contrasts"]]
+    assert roles == [("claim", "reshaped_full", "raw_grpo"), ("positive", "raw_grpo", "raw_grpo_flip30")]
+    claim = res["primary"]["contrasts"][0]  # +35% of raw GRPO's end on the claim's list
+    key = res["primary"]["key"]
+    raw_end = res[key]["start_mean"]["pass_at_1"] + res["methods"]["raw_grpo"][f"{key}_change"]["mean"]
+    assert claim["size_abs"] == pytest.approx(0.35 * raw_end)
     assert res["methods"]["raw_grpo"]["zero_std_frac"] is not None
-    assert "dense - binary feedback" in (tmp_path / "reshaping.md").read_text()
-    assert "Reshaped minus raw GRPO" in findings_table(tmp_path)
+    assert "clean - 30%-flipped pass/fail labels" in (tmp_path / "reshaping.md").read_text()
+    assert "full recipe - raw GRPO" in findings_table(tmp_path)
 
     # A new method beside the recorded ones: only it trains, the rest come from the record,
     # and it is compared task by task with them.
@@ -311,6 +330,7 @@ def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     assert sorted(os.listdir(tmp_path / "runs2" / "reshaping")) == ["full-amplify"]
     assert res2["recorded"]["methods"] == ["raw_grpo", "reshaped_full"]
     assert res2["recorded"]["from"] == str(tmp_path / "reshaping.json")
+    assert "reuse_recorded" not in res2["command"]  # the command rebuilds every row
     for m in ("raw_grpo", "reshaped_full"):
         assert res2["methods"][m] == res["methods"][m]
     assert res2["paired"]["start"] == res["paired"]["start"]  # the same start, evaluated again
@@ -335,12 +355,14 @@ def test_recorded_methods_pair_only_with_the_same_start():
 
 
 def test_a_record_of_another_setting_is_refused(tmp_path):
+    from labkit import provenance
     from labkit.experiments.runs import recorded_methods
 
     reshaping = load("reshaping")
+    now = provenance.code_identity()
     record = {"experiment": "reshaping", "config": to_record(reshaping.Config(steps=7)),
               "setting": {"model_sha256": "abc"}, "methods": {"raw_grpo": {"paired_change": {
-                  "per_task": {"0": [0.0], "1": [0.0], "2": [1.0]}}}}}
+                  "per_task": {"0": [0.0], "1": [0.0], "2": [1.0]}}, "seeds": [{"code": now}] * 3}}}
     path = tmp_path / "reshaping.json"
     path.write_text(json.dumps(record))
     assert recorded_methods(reshaping.Config(), "reshaping", "abc") == ({}, {})  # not asked for
@@ -353,6 +375,16 @@ def test_a_record_of_another_setting_is_refused(tmp_path):
     assert list(recorded_methods(ours, "reshaping", "abc")[0]) == ["raw_grpo"]
     ours.seeds = (0, 3)  # a seed the record lacks: trained, not taken
     assert recorded_methods(ours, "reshaping", "abc")[0] == {}
+    ours.seeds = (0, 1, 2)
+    other = {**now, "commit": "0" * 40}  # runs of another commit are refused, unless allowed
+    record["methods"]["raw_grpo"]["seeds"] = [{"code": other}] * 3
+    path.write_text(json.dumps(record))
+    with pytest.raises(provenance.CodeDriftError, match="method raw_grpo: it was trained at commit 000000000000"):
+        recorded_methods(ours, "reshaping", "abc")
+    ours.allow_code_drift = True
+    assert list(recorded_methods(ours, "reshaping", "abc")[0]) == ["raw_grpo"]
+    ours.allow_code_drift = False
+    record["methods"]["raw_grpo"]["seeds"] = [{"code": now}] * 3
     # fields that only add methods (didpo's scale-matched and equal-wall rows) may differ
     didpo = load("didpo")
     record.update(experiment="didpo", config=to_record(didpo.Config(scale_matched=(), equal_wall=False)))
@@ -438,10 +470,8 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     """Two training seeds on a tiny budget: every generator (expert iteration and its controls)
     has, per condition, a paired change whose interval is over the seeds; the controls are
     recorded; a second run with the same settings reuses both seeds' results."""
-    sets = ["seeds=[0,1]", "train_problems=6", "rollouts_per_task=1", "iterations=1", "eval_tasks=4",
-            "sft_steps=2", "turns=2", "n_candidates=2", "verifier_epochs=1", f"out={tmp_path}",
-            f"run_root={tmp_path / 'runs'}"]
-    cmd = [sys.executable, "-m", "labkit", "experiment", "mucode"] + [a for s in sets for a in ("--set", s)]
+    sets = [f"out={tmp_path}", f"run_root={tmp_path / 'runs'}"]
+    cmd = [sys.executable, "-m", "labkit", "experiment", "mucode", "--smoke"] + [a for s in sets for a in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads((tmp_path / "mucode.json").read_text())
@@ -449,17 +479,22 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     assert set(res["generators"]) == {"expert_iteration", "ei_filtered", "ei_oracle", "sft_self"}
     for conds in res["generators"].values():
         change = conds["single-turn, N=1"]["paired_change"]
-        assert change["over"] == "seeds" and change["seeds"] == 2 and change["tasks"] == 4
-    assert set(res["controls"]) == {"selection", "relabelling", "multi_turn", "drop"}
-    assert "sensitive" in res["controls"]["relabelling"]
+        assert change["over"] == "seeds and tasks" and change["seeds"] == 2 and change["tasks"] == 4
+    assert set(res["analysis"]) == {"multi_turn", "drop"}
+    assert [c["role"] for c in res["primary"]["contrasts"]] == ["claim", "positive", "negative", "claim", "positive"]
+    starts = res["generators"]["expert_iteration"]["single-turn, N=1"]["start"]
+    assert res["generators"]["expert_iteration"]["single-turn, pass@k"]  # pass@k beside pass@1
+    # each training seed evaluates the start with its own sampling seed
+    from labkit.experiments.mucode import Config, eval_seed
+    assert eval_seed(Config(), 0) != eval_seed(Config(), 1) and starts["ci95"] is not None
     relabel = {g: json.loads((tmp_path / "runs" / "seed0" / g / "config.json").read_text())["relabel"]
                for g in res["generators"]}
     assert relabel == {"expert_iteration": "verifier", "ei_filtered": "verifier_public",
                        "ei_oracle": "oracle", "sft_self": "self"}
     # the drop's split: expert iteration minus correct experts only, seed by seed
-    one = {g: res["generators"][g]["single-turn, N=1"]["paired_change"]["per_seed"]
+    one = {g: res["generators"][g]["multi-turn, N=1 (random pick)"]["paired_clean_change"]["per_seed"]
            for g in ("expert_iteration", "ei_oracle")}
-    wrong = res["controls"]["drop"]["wrong_labels"]
+    wrong = res["analysis"]["drop"]["wrong_labels"]
     assert wrong["mean"] == pytest.approx(statistics.fmean(
         one["expert_iteration"][s] - one["ei_oracle"][s] for s in one["ei_oracle"]))
     assert "wrong labels (`expert_iteration` - `ei_oracle`)" in (tmp_path / "mucode.md").read_text()
@@ -467,7 +502,7 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2
     assert json.loads((tmp_path / "mucode.json").read_text())["generators"] == res["generators"]
-    assert "Expert iteration minus start" in findings_table(tmp_path)
+    assert "expert iteration - start, multi-turn" in findings_table(tmp_path)
 
 
 def test_mucode_summary_matches_a_naive_paired_mean_and_drops_leaked_tasks():
@@ -566,6 +601,7 @@ def test_every_committed_results_page_is_its_json_rendered_and_rerunnable():
         module = load(data["experiment"])
         args = [a for a in shlex.split(data["command"]) if a != "--set"][5:]
         rebuilt = apply_overrides(module.Config(), args)
-        recorded = {k: v for k, v in data["config"].items() if k not in ("out", "run_root")}
+        skip = {"out", "run_root", *NOT_IN_COMMAND} if "provenance" in data else {"out", "run_root"}
+        recorded = {k: v for k, v in data["config"].items() if k not in skip}
         assert {k: v for k, v in json.loads(json.dumps(vars(rebuilt))).items()
                 if k in recorded} == recorded, path.name

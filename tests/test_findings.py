@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.experiments import findings
+from labkit.experiments import claims, findings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,9 +23,10 @@ def test_every_committed_record_has_a_row_with_its_own_numbers():
     for path, _ in recs:
         assert f"[{path.with_suffix('.md').name}]" in text
     learning = json.loads((ROOT / "docs" / "results" / "learning.json").read_text())
-    change = learning["methods"]["grpo"]["paired_change"]
+    key = learning["primary"]["key"]
+    change = learning["methods"]["grpo"][f"{key}_change"]
     naive = statistics.fmean(statistics.fmean(v) for v in change["per_task"].values())  # recomputed
-    assert f"held-out templates by {naive:+.3f}" in text
+    assert f"GRPO - start: {naive:+.3f}" in text
 
 
 def test_a_stale_block_fails_the_check_and_write_repairs_it(tmp_path):
@@ -87,32 +88,47 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count
 
 
-def test_the_seen_column_reads_each_experiments_positive_control():
-    """"Could this testbed see it?": yes or no as the record's controls say, with the positive
-    control's change and the detectable effect; "not known" without a control."""
+def test_the_seen_column_reads_each_experiments_signed_positive_control():
+    """"Could this testbed see it?": yes when the claim's positive controls passed, no with the
+    failed control's reason, "not known" when none was run; every row carries its plain-words
+    sentence and its claim's verdict."""
     table = findings.table()
-    assert f"| what the records say | {findings.SEEN_HEADER} | page |" in table
+    assert f"| in plain words | what the records say | {findings.SEEN_HEADER} | page |" in table
     for path, data in findings.records():
         seen = findings.SEEN[data["experiment"]](data)
-        ctl = data.get("controls") or {}
-        ctl = ctl.get("relabelling", ctl) if data["experiment"] == "mucode" else ctl
-        if ctl.get("positive"):
-            assert seen.startswith("yes: " if ctl["sensitive"] else "no: "), (path.name, seen)
-            assert f"{ctl['positive']['mean']:+.3f}, detectable {ctl['mde']:.3f}" in seen
+        prim = data.get("primary") or {}
+        positives = claims.controls_of(prim, "positive")
+        if positives and all(p.get("change") for p in positives):
+            assert seen.startswith("yes: " if prim["testbed_sees"] else "no: "), (path.name, seen)
         assert f"| {seen} | [{path.with_suffix('.md').name}]" in table
-    change = {"mean": 0.05, "ci95": [0.01, 0.09], "seeds": 3}
-    assert findings.SEEN["didpo"]({"controls": None}) == "not known: no positive control was run"
-    assert findings.SEEN["learning"]({"methods": {"grpo": {"paired_change": change}}}).startswith("yes")
+        assert findings.plain(data) in table
+        claim = claims.claim_of(prim)
+        if claim and data["experiment"] != "credit":
+            assert f"**{claim['verdict']}**" in findings.ROWS[data["experiment"]](data)
+
+    def record(passed, verdict="undecided"):
+        change = {"mean": 0.05, "ci95": [0.01, 0.09], "seeds": 3, "tasks": 200}
+        rows = [{"role": "claim", "label": "a - b", "direction": 1, "size_abs": 0.056,
+                 "verdict": verdict, "why": "", "change": change}]
+        if passed is not None:
+            rows.append({"role": "positive", "label": "oracle - b", "of": "a - b", "passed": passed,
+                         "why": "the control failed: it moved the wrong way", "change": change})
+        return {"experiment": "didpo", "primary": {"contrasts": rows, "mde": 0.02,
+                                                   "testbed_sees": passed}}
+
+    assert findings.SEEN["didpo"](record(True)).startswith("yes: oracle - b +0.050, passed")
+    assert findings.SEEN["didpo"](record(False)) == ("no: oracle - b +0.050 (it moved the wrong way), "
+                                                     "detectable 0.020")
+    assert findings.SEEN["didpo"](record(None)) == "not known: no positive control was run"
+    assert findings.SEEN["learning"](record(None, "supported")).startswith("yes")
+    assert findings.plain(record(False)).endswith(findings.CONTROL_FAILED)
+    assert findings.plain(record(True, "supported")) == findings.PLAIN["didpo"]["supported"]
 
 
 def test_every_finding_is_one_short_sentence():
-    """Each row of the README's table: at most ``MAX_WORDS`` words, for every committed record
-    and for a didpo and a mucode record at their longest (every interval, both controls)."""
-    said = [s for s, _, _ in findings.rows()]
-    change = {"mean": -0.0123, "ci95": [-0.0456, -0.0011], "seeds": 3, "mde": 0.02}
-    ctl = {"positive": change, "sensitive": False, "claim": change}
-    said.append(findings.ROWS["didpo"]({"methods": {}, "controls": ctl}))
-    said.append(findings.ROWS["mucode"]({"controls": {"relabelling": ctl, "selection": ctl}}))
+    """Each row of the README's table: at most ``MAX_WORDS`` words, for every committed record,
+    and every plain-words sentence."""
+    said = [s for s, _, _ in findings.rows()] + [p for v in findings.PLAIN.values() for p in v.values()]
     for s in said:
         assert len(s.split()) <= findings.MAX_WORDS, (len(s.split()), s)
 

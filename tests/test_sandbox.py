@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from labkit.env import hackscan
+from labkit.env import cgroups, hackscan
 from labkit.env.records import AssertTest, Candidate, IOCase, Status, TestSuite
 from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many, schedule
 
@@ -258,16 +258,24 @@ def test_results_come_back_in_input_order_when_loops_are_sent_first(sandbox):
     assert "70" in results[7].outcomes[0].detail  # its own output, 10 * 7
 
 
-def test_fail_fast_stops_at_the_first_failure():
-    code = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
+def test_fail_fast_grades_up_to_the_first_failure_and_stops_only_at_the_candidates_own():
+    """A wrong answer (test 1) does not end the check: it runs on into the loop at x == 2
+    until the per-test limit, since ending it at once would tell the candidate that its
+    answer was wrong. An exception (which the candidate knows it raised) ends it at once.
+    Either way nothing after the first failure is graded."""
+    wrong = "def f(x):\n    while x == 2:\n        pass\n    return x + 1\n"
+    raises = "def f(x):\n    if x == 1:\n        raise ValueError(x)\n" + wrong.split("\n", 1)[1]
     tests = suite(IOCase((0,), 1), IOCase((1,), 5), IOCase((2,), 3), IOCase((3,), 4))
-    with Sandbox(SandboxConfig(workers=1, timeout_s=5.0, fail_fast=True)) as sb:
-        t0 = time.monotonic()
-        r = sb.run(Candidate(code, tests, "f"))
-        assert time.monotonic() - t0 < 2.0  # the loop at x == 2 was never waited for
-        assert r.status is Status.FAILED and r.passed == 1
-        assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
+    config = SandboxConfig(workers=1, timeout_s=5.0, test_timeout_s=1.5, fail_fast=True)
+    with Sandbox(config) as sb:
+        answered, raised = sb.run(Candidate(wrong, tests, "f")), sb.run(Candidate(raises, tests, "f"))
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
+    for r in (answered, raised):
+        assert r.status is Status.FAILED and r.passed == 1, r
+        assert [o.detail for o in r.outcomes][2:] == ["not run (stopped at the first failure)"] * 2
+    assert answered.wall_s >= 1.5  # the per-test limit, counted from test 1's line
+    assert raised.wall_s < 1.2  # the loop at x == 2 was not waited for (a loaded machine
+    # may delay the stop, which the worker streams for after 50 ms, by some tenths)
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -289,8 +297,8 @@ def test_without_namespaces_or_uid_the_sandbox_says_so_and_still_works():
     with Sandbox(config) as sb:
         p = sb.protections
         assert not any(p[k] for k in ("non_root_uid", "net_namespace", "mount_namespace",
-                                      "ipc_namespace", "allowlist_root", "readonly_root",
-                                      "hidden_paths", "private_tmp"))
+                                      "ipc_namespace", "pid_namespace", "allowlist_root",
+                                      "readonly_root", "hidden_paths", "private_tmp"))
         assert p["rlimits"] and p["wall_deadline"] and p["process_sweep"]
         assert sb.run(Candidate(ADD, ADD_SUITE, "add")).ok
         loop = sb.run(Candidate("def add(a, b):\n    while True: pass\n", ADD_SUITE, "add",
@@ -443,6 +451,44 @@ def test_concurrent_callers_share_the_pool(sandbox):
     for t in threads:
         t.join(30)
     assert out == {k: [True] * 5 for k in range(3)}
+
+
+# ----------------------------------------------------------------------------- cgroups
+
+V1_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V1_CGROUP = "8:pids:/\n4:memory:/jobs/a1\n1:cpu:/\n0::/\n"
+
+
+def test_cgroup_hierarchies_on_v1_hybrid_v2_and_from_a_containers_view():
+    hybrid = cgroups.hierarchies(V1_MOUNTINFO, V1_CGROUP, v2_controllers=("hugetlb",))
+    assert hybrid == {
+        "memory": cgroups.Hierarchy(1, "/sys/fs/cgroup/memory", "/jobs/a1", ("memory",)),
+        "pids": cgroups.Hierarchy(1, "/sys/fs/cgroup/pids", "/", ("pids",))}
+    assert hybrid["memory"].directory("leaf") == "/sys/fs/cgroup/memory/jobs/a1/leaf"
+    assert hybrid["pids"].directory() == "/sys/fs/cgroup/pids"
+    v2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    unified = cgroups.hierarchies(v2, "0::/user.slice/x.scope\n", ("cpu", "memory", "pids"))
+    assert unified["memory"] == unified["pids"] == cgroups.Hierarchy(
+        2, "/sys/fs/cgroup", "/user.slice/x.scope", ("memory", "pids"))
+    # a hierarchy mounted from below its root (a container's view of its own cgroup)
+    boxed = "40 30 0:35 /docker/ab /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n"
+    assert cgroups.hierarchies(boxed, "4:memory:/docker/ab/w\n")["memory"].directory() \
+        == "/sys/fs/cgroup/memory/w"
+    assert cgroups.hierarchies(boxed, "4:memory:/elsewhere\n") == {}  # not inside the mount
+    spaced = "41 30 0:36 / /mnt/c\\040g rw - cgroup cgroup rw,pids\n"
+    assert cgroups.hierarchies(spaced, "8:pids:/\n")["pids"].mount == "/mnt/c g"
+
+
+def test_oom_kill_counts_of_both_versions():
+    assert cgroups.oom_kill_count("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3  # v1
+    assert cgroups.oom_kill_count("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n") == 2  # v2
+    assert cgroups.oom_kill_count("") == 0
 
 
 # ----------------------------------------------------------------------------- hack flags

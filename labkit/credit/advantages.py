@@ -11,6 +11,11 @@ One interface for every estimator. An estimator is a function
 * ``credit``: ``sequence`` (one value per sequence, broadcast to its tokens) or ``token``
   (per-token credit, e.g. DiDPO's diff anchors).
 
+Its options (``TrainConfig.estimator_options``) are its keyword parameters; one that passes
+``**options`` on says where with two more pieces of metadata, ``options`` (the estimator or
+config dataclass that takes them) and ``fixed`` (those it sets itself).
+:func:`check_options` checks a config's options by name and type before anything trains.
+
 The output always holds ``[B, T]`` advantages over completion tokens, a flat dict of
 metrics and ``artifacts`` (e.g. DiDPO's anchors, which the trainer logs). Adding an
 estimator: write the function, register it with its metadata; nothing else in the trainer
@@ -25,12 +30,16 @@ changes (``docs/training.md``). Conventions follow verl's ``core_algos``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import dataclasses
+import inspect
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from labkit.config import coerce, did_you_mean
 from labkit.registry import Registry
 
 if TYPE_CHECKING:
@@ -187,6 +196,71 @@ def batch_norm(inp: AdvantageInput, eps: float = EPS) -> AdvantageOutput:
 def needs(name: str) -> tuple[str, ...]:
     """The optional inputs estimator ``name`` reads (its registry metadata)."""
     return tuple(ADVANTAGE_ESTIMATORS.meta(name).get("needs", ()))
+
+
+def _annotation(fn, param: inspect.Parameter) -> Any:
+    """A parameter's annotation as a type (``Any`` when it has none or it cannot be read)."""
+    ann = param.annotation
+    if ann is inspect.Parameter.empty:
+        return Any
+    if isinstance(ann, str):
+        try:
+            return eval(ann, fn.__globals__)  # noqa: S307 - the module's own annotation text
+        except Exception:  # noqa: BLE001 - an annotation naming a type-checking-only import
+            return Any
+    return ann
+
+
+def _options_config(name: str) -> type | None:
+    """The config dataclass that takes estimator ``name``'s ``**options`` (followed through
+    the estimators it passes them to), if any."""
+    more = ADVANTAGE_ESTIMATORS.meta(name).get("options")
+    if isinstance(more, str):
+        return _options_config(more)
+    return more
+
+
+def estimator_options(name: str) -> dict[str, Any]:
+    """The options estimator ``name`` takes in ``TrainConfig.estimator_options``, each with
+    its type: its keyword parameters after ``inp``, then those its ``options`` metadata names
+    (another estimator's options, or a config dataclass's fields), less its ``fixed`` ones."""
+    fn, meta = ADVANTAGE_ESTIMATORS.get(name), ADVANTAGE_ESTIMATORS.meta(name)
+    out: dict[str, Any] = {}
+    for param in list(inspect.signature(fn).parameters.values())[1:]:
+        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            out[param.name] = _annotation(fn, param)
+    more = meta.get("options")
+    if isinstance(more, str):
+        out.update(estimator_options(more))
+    elif more is not None:
+        hints = typing.get_type_hints(more)
+        out.update({f.name: hints[f.name] for f in dataclasses.fields(more) if f.init})
+    for name_ in meta.get("fixed", ()):
+        out.pop(name_, None)
+    return out
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` for the first of ``options`` estimator ``name`` does not take (naming
+    the closest it does) or whose value is not of its type; options bound for a config
+    dataclass (didpo's :class:`~labkit.credit.anchors.AnchorConfig`) are validated as that
+    config. Runs when a ``TrainConfig`` is built, so a typo fails before the model loads."""
+    known = estimator_options(name)
+    for key, value in options.items():
+        if key not in known:
+            raise ValueError(f"estimator_options: {name} takes no option {key!r}"
+                             f"{did_you_mean(key, known)}; its options: "
+                             f"{', '.join(sorted(known)) or 'none'}")
+        coerce(value, known[key], f"estimator_options.{key}")
+    config = _options_config(name)
+    if config is not None:
+        names = {f.name for f in dataclasses.fields(config)}
+        check = getattr(config(**{k: v for k, v in options.items() if k in names}), "validate", None)
+        if callable(check):
+            try:
+                check()
+            except ValueError as e:
+                raise ValueError(f"estimator_options: {e}") from None
 
 
 def compute_advantages(name: str, inp: AdvantageInput, **kwargs) -> AdvantageOutput:

@@ -414,7 +414,8 @@ def _token_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict:
             "adv/zero_frac": (vals.abs() < 1e-12).double().mean().item()}
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo", needs=("rollouts", "tasks"), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo", needs=("rollouts", "tasks"), credit="token",
+                               options=AnchorConfig)
 def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_diff: bool = False,
           **anchor_opts) -> AdvantageOutput:
     """DiDPO per-token advantage (arXiv 2608.07147):
@@ -470,31 +471,36 @@ def didpo(inp: AdvantageInput, lam: float = 1.0, no_episode: bool = False, no_di
     return AdvantageOutput(adv, metrics, {"anchors": built})
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_no_ae", needs=("rollouts", "tasks"), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo_no_ae", needs=("rollouts", "tasks"), credit="token",
+                               options="didpo", fixed=("no_episode",))
 def didpo_no_ae(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: DiDPO without the episode term, ``A(i, t) = lambda * A_D``."""
     return didpo(inp, no_episode=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_no_ad", needs=(), credit="sequence")
+@ADVANTAGE_ESTIMATORS.register("didpo_no_ad", needs=(), credit="sequence",
+                               options="didpo", fixed=("no_diff",))
 def didpo_no_ad(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: DiDPO without the diff term, ``A(i, t) = A_E(i)`` (GRPO)."""
     return didpo(inp, no_diff=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_whole_diff", needs=("rollouts", "tasks"), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo_whole_diff", needs=("rollouts", "tasks"), credit="token",
+                               options="didpo", fixed=("whole_diff",))
 def didpo_whole_diff(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: the whole root diff is the only unit of credit (no sub-diffs)."""
     return didpo(inp, whole_diff=True, **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_additive_gs", needs=("rollouts", "tasks"), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo_additive_gs", needs=("rollouts", "tasks"), credit="token",
+                               options="didpo", fixed=("gs_form",))
 def didpo_additive_gs(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: additive groupability ``GS = (phi(L) + psi(n)) / 2``."""
     return didpo(inp, gs_form="add", **opts)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_group_mean", needs=("rollouts", "tasks"), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo_group_mean", needs=("rollouts", "tasks"), credit="token",
+                               options="didpo", fixed=("ad_form",))
 def didpo_group_mean(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """NOT the paper's estimator (a labelled ablation): ``A_D`` of an anchor is its group's mean
     reward minus the task's mean reward, the same for every member (``ad_form="group_mean"``)."""

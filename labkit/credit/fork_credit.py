@@ -194,7 +194,8 @@ def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
     return AdvantageOutput(adv, metrics)
 
 
-@ADVANTAGE_ESTIMATORS.register("didpo_fork_no_ae", needs=("forks",), credit="token")
+@ADVANTAGE_ESTIMATORS.register("didpo_fork_no_ae", needs=("forks",), credit="token",
+                               options="didpo_fork", fixed=("episode",))
 def didpo_fork_no_ae(inp: AdvantageInput, **opts) -> AdvantageOutput:
     """Ablation: fork credit alone, ``A(i, t) = lambda * A_fork(i, t)``."""
     return didpo_fork(inp, episode=False, **opts)

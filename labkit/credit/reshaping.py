@@ -111,6 +111,12 @@ class ReshapeConfig:
         return cls(w_precision=0.0, w_style=0.0, w_progress=0.0, w_hack=0.0,
                    gate_precision="none", adv_clip=0.0)
 
+    @classmethod
+    def named(cls, name: str) -> "ReshapeConfig":
+        """The recipe called ``name`` (:data:`RECIPES`): what a config means by a name in
+        place of the section (``--set reshape=reshaped_grpo``, ``reshape: reshaped`` in YAML)."""
+        return recipe(name)
+
     def validate(self) -> None:
         if self.adv_clip < 0 or self.focus_threshold < 0:
             raise ValueError("adv_clip and focus_threshold must be >= 0")

@@ -10,25 +10,27 @@ Lifetime of a worker:
 
 1. Read the configuration frame; pre-import the standard library modules candidates commonly
    use. Claim a sandbox uid nobody else uses (an abstract Unix socket named after it serves
-   as the lock). If root on Linux, enter an empty network namespace, a private mount
-   namespace and a private IPC namespace once, and replace the file system by an
-   **allow-list** view: a new root (a read-only tmpfs) holding read-only bind mounts of the
-   standard library, the interpreter and the shared libraries it and its extension modules
-   link, a few device nodes, ``/proc``, and private tmpfs mounts on ``/tmp`` and
-   ``/dev/shm``; then ``pivot_root`` into it and detach the old root. Nothing else of the
-   host exists there. Where that cannot be built, fall back to the host's tree made
-   read-only with the configured paths hidden (and say so in the notes). Every check forked
-   later inherits all of this for free.
+   as the lock), and create the cgroup its checks will run in. If root on Linux, enter an
+   empty network namespace, a private mount namespace and a private IPC namespace once, and
+   replace the file system by an **allow-list** view: a new root (a read-only tmpfs)
+   holding read-only bind mounts of the standard library, the interpreter and the shared
+   libraries it and its extension modules link, a few device nodes, ``/proc``, and private
+   tmpfs mounts on ``/tmp`` and ``/dev/shm``; then ``pivot_root`` into it and detach the old
+   root. Nothing else of the host exists there. Where that cannot be built, fall back to the
+   host's tree made read-only with the configured paths hidden (and say so in the notes).
+   Every check forked later inherits all of this for free.
 2. Freeze the heap for the cycle collector (less copy-on-write in children) and report which
    protections are active.
 3. Per job: when the job has assert tests (the frame's payload), fork the **grader** with
-   them, then zero the only copy here; fork the **child**, which starts a new session, gets
-   a fresh working directory, rlimits, a fresh IPC namespace (System V queues, semaphores
-   and shared memory, POSIX message queues: nothing carries over between checks), the
-   sandbox uid, its own session keyring and its uid's keyrings emptied, ``/dev/null`` as
-   stdin and stdout, a pipe as stderr and a separate output pipe, and then the seccomp
-   filter; the child executes the candidate module, writes one JSON line per IO case, and
-   answers the grader's calls. The grader runs the assert tests with ``candidate`` bound to
+   them, then zero the only copy here; clone the **child** into new PID, mount and IPC
+   namespaces (it is pid 1 of its PID namespace and mounts a ``/proc`` for it; System V
+   queues, semaphores and shared memory, POSIX message queues: nothing carries over
+   between checks), and it starts a new session, joins the worker's cgroup (the memory and
+   process maxima of a check), gets a fresh working directory, rlimits, the sandbox uid,
+   its own session keyring and its uid's keyrings emptied, ``/dev/null`` as stdin and
+   stdout, a pipe as stderr and a separate output pipe, and then the seccomp filter; the
+   child executes the candidate module, writes one JSON line per IO case, and answers the
+   grader's calls. The grader runs the assert tests with ``candidate`` bound to
    a proxy of those calls and writes its verdicts on a pipe of its own. The worker enforces
    the wall deadline, caps what it reads, kills both process groups, sweeps whatever the uid
    left behind, reaps zombies, gives the private tmp directories a new tmpfs and replies
@@ -37,9 +39,10 @@ Lifetime of a worker:
 
 Channels: jobs arrive on stdin and replies leave on stdout as frames (``struct '>II'``:
 header length, payload length; a UTF-8 JSON header; the payload bytes). For a fail-fast job
-the result lines are also forwarded as they come (``{"partial": true}`` frames), and the
-parent may then write the number of the running job (big-endian ``uint32``; jobs are
-numbered 1, 2, ... on both sides) to the control pipe to have it stopped.
+the child's result lines are also forwarded as they come (``{"partial": true}`` frames), and
+the parent may then write the number of the running job (big-endian ``uint32``; jobs are
+numbered 1, 2, ... on both sides) to the control pipe to have it stopped, which it does only
+at a failure the candidate made itself (never at a wrong answer: that would tell it).
 """
 
 # The harness runs untrusted code on purpose (exec) and must survive anything it raises
@@ -88,7 +91,12 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 0x4000, 0x40000, 0x200000, 0x1000000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
-CLONE_NEWUSER = 0x10000000
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
+# clone has no Python wrapper; its system call number by machine, on the machines whose
+# argument order starts (flags, stack, ...) (not s390, which swaps the first two)
+SYS_CLONE = {"x86_64": 56, "amd64": 56, "aarch64": 220, "arm64": 220, "riscv64": 220,
+             "loongarch64": 220, "ppc64le": 120, "ppc64": 120}
+CHECK_NAMESPACES = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC  # new for every check
 MNT_DETACH = 2
 # statvfs flags that a bind mount must keep when remounted (they may be locked)
 ST_KEEP, ST_RELATIME = 0x2 | 0x4 | 0x8 | 0x400 | 0x800, 0x1000  # nosuid nodev noexec noatime nodiratime
@@ -118,17 +126,21 @@ REAP_GRACE_S = 2.0  # how long to wait for killed processes to be reaped
 STREAM_AFTER_S = 0.05  # fail-fast checks forward their lines once they have run this long
 
 
-def _load_plain():
-    """``labkit/env/plain.py`` by path: the codec without importing the rest of labkit."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain.py")
-    spec = importlib.util.spec_from_file_location("_labkit_sandbox_plain", path)
+def _load_sibling(name: str):
+    """``labkit/env/<name>.py`` by path (a standard-library-only module: the codec, the
+    cgroup helpers) without importing the rest of labkit."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_labkit_sandbox_{name}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-plain = _load_plain()
+plain = _load_sibling("plain")
+cgroups = _load_sibling("cgroups")
 libc = ctypes.CDLL(None, use_errno=True)
+libc_holding_gil = ctypes.PyDLL(None, use_errno=True)  # for clone: no thread may run meanwhile
 
 
 def _libc_call(name: str, *args) -> None:
@@ -176,6 +188,40 @@ def _pivot_root(new_root: str) -> None:
     except OSError as e:  # the host's root is still reachable: never run a check like that
         raise RuntimeError(f"cannot detach the old root after pivot_root: {e}") from None
     os.chdir("/")
+
+
+def clone_process(flags: int) -> int:
+    """``os.fork()`` into new namespaces: the child starts in those of ``flags`` (with
+    ``CLONE_NEWPID`` as pid 1 of a new PID namespace, which ``unshare`` cannot give the
+    calling process itself, only its next child). Returns 0 in the child and the child's pid
+    in the parent, and runs Python's fork hooks, as :func:`os.fork` does. The C library's own
+    fork handlers do not run, so call it from a single-threaded process (the worker is); the
+    child's C library still holds the parent's thread id, which only the ``pthread``
+    functions aimed at the main thread by id read (``raise`` asks the kernel)."""
+    number = SYS_CLONE.get(platform.machine())
+    if number is None:
+        raise OSError(f"clone: unknown system call on {platform.machine()}")
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = libc_holding_gil.syscall(ctypes.c_long(number), ctypes.c_ulong(flags | signal.SIGCHLD),
+                                   None, None, None, None)
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0
+    errno = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"clone: {os.strerror(errno)}")
+    return pid
+
+
+def mount_proc(options: str) -> None:
+    """Mount a ``/proc`` for this process's PID namespace over the view's ``/proc`` (in this
+    process's own mount namespace), read-only."""
+    _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, options or None)
+
+
+def _pids_in_proc() -> list[int]:
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
 
 
 # ----------------------------------------------------------------------------- framing
@@ -481,8 +527,12 @@ class Isolation:
             "no_new_privs": False, "net_namespace": False, "mount_namespace": False,
             "ipc_namespace": False, "allowlist_root": False, "readonly_root": False,
             "hidden_paths": False, "private_tmp": False, "seccomp": False,
+            "pid_namespace": False, "cgroup": False,
         }
-        self.ipc_per_check = False  # children unshare a fresh IPC namespace
+        self.ipc_per_check = False  # every check gets a fresh IPC namespace
+        self.check_namespaces = 0  # clone flags of every check's first process (PID, mount, IPC)
+        self.proc_options = ""  # how that process mounts its own /proc
+        self.cgroup = None  # the leaf cgroup (cgroups.CheckCgroup) every check joins
         self.private_dirs: list[str] = []  # private tmpfs mounts, new for every check
         self._tmpfs_options: dict[str, tuple[int, str]] = {}  # their flags and options
         self.seccomp: SockFprog | None = None  # the filter every check's processes install
@@ -504,10 +554,16 @@ class Isolation:
         elif cfg["drop_privileges"]:
             self.notes.append("not root: checks run as the caller's uid")
         self.protections["process_sweep"] = self.subreaper or self.uid is not None
+        if cfg.get("use_cgroup", True) and self.root:
+            self._make_cgroup()  # before the view shrinks: it needs the host's /sys
+        elif cfg.get("use_cgroup", True):
+            self.notes.append("not root: no cgroup for the checks")
         if cfg["use_namespaces"] and self.root:
             self._enter_namespaces()
         elif cfg["use_namespaces"]:
             self.notes.append("not root: no network or mount namespace")
+        if self.protections["mount_namespace"] and cfg.get("use_pid_namespace", True):
+            self._probe_pid_namespace()
         if not self.protections["mount_namespace"] and self.uid is not None:
             self.shared_tmp_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
                                     if os.path.isdir(d)]
@@ -541,6 +597,62 @@ class Isolation:
         else:
             self.notes.append(f"the seccomp filter did not load or deny in a probe (status "
                               f"{status}): checks run without it")
+
+    def _make_cgroup(self) -> None:
+        """One leaf cgroup for this worker's checks, with the memory maximum of a check
+        (``check_memory_mb``, by default ``memory_mb``) and its process maximum (``nproc``),
+        named after the uid (unique on the host) or, without one, after this worker."""
+        limits = self.cfg["limits"]
+        name = (f"labkit-sandbox-{self.uid}" if self.uid is not None
+                else f"labkit-sandbox-w{os.getpid()}")
+        memory_mb = self.cfg.get("check_memory_mb") or limits["memory_mb"]
+        group, why = cgroups.create(name, memory_mb << 20, limits["nproc"])
+        if group is None:
+            self.notes.append(f"no cgroup for the checks: {why}")
+            return
+        self.cgroup = group
+        self.protections["cgroup"] = True
+
+    def release_cgroup(self) -> None:
+        """Close the cgroup's files and remove it (every process of it has been killed)."""
+        if self.cgroup is not None:
+            cgroups.close(self.cgroup, remove=True)
+            self.cgroup = None
+
+    def _probe_pid_namespace(self) -> None:
+        """Check in a throwaway child that a check can start as pid 1 of a new PID namespace
+        (with a mount and an IPC namespace of its own) and mount a ``/proc`` for it that
+        lists nothing else; with ``subset=pid`` (Linux 5.8) that ``/proc`` has the process
+        directories only, none of the host-wide files (``loadavg``, ``meminfo``, ``sys``)."""
+        if platform.machine() not in SYS_CLONE:
+            self.notes.append(f"no PID namespace per check: clone's arguments on "
+                              f"{platform.machine()} are not known here")
+            return
+        for options in ("subset=pid", ""):
+            try:
+                probe = clone_process(CHECK_NAMESPACES)
+            except OSError as e:
+                self.notes.append(f"no PID namespace per check: {e}")
+                return
+            if probe == 0:
+                code = 3
+                try:
+                    mount_proc(options)
+                    code = 0 if os.getpid() == 1 and _pids_in_proc() == [1] else 4
+                except BaseException:
+                    code = 5
+                finally:
+                    os._exit(code)
+            if os.waitpid(probe, 0)[1] == 0:
+                self.check_namespaces, self.proc_options = CHECK_NAMESPACES, options
+                self.protections["pid_namespace"] = True
+                return
+        self.notes.append("no PID namespace per check: a new one could not mount its /proc")
+
+    def fork_check(self) -> int:
+        """Fork a check's first process: into new PID, mount and IPC namespaces where the
+        probe allowed it, else a plain fork. Returns as :func:`os.fork` does."""
+        return clone_process(self.check_namespaces) if self.check_namespaces else os.fork()
 
     def _claim_uid(self, base: int) -> None:
         """Take the first uid from ``base`` that no other sandbox worker on this host holds."""
@@ -1059,21 +1171,28 @@ def child_main(job: dict, cfg: dict, iso: Isolation, workdir: str, devnull: int,
     then (with ``calls``, the read end of the grader's requests and the write end of the
     replies) the calls the grader makes for the assert tests.
 
-    Confinement, in order: a new session, the descriptors it needs and no other, a fresh
-    IPC namespace, rlimits, the sandbox uid, a session keyring of its own (and its uid's
-    keyrings emptied), then the seccomp filter. Never returns: the process ends with
-    ``os._exit`` so neither the worker's nor the candidate's ``atexit`` handlers run.
+    Confinement, in order: a new session; a ``/proc`` of its own when it is pid 1 of a new
+    PID namespace (it was cloned into that, a mount and an IPC namespace), else a fresh IPC
+    namespace; the worker's cgroup (the memory and process maxima of the check); the
+    descriptors it needs and no other; rlimits, the sandbox uid, a session keyring of its
+    own (and its uid's keyrings emptied), then the seccomp filter. Never returns: the
+    process ends with ``os._exit`` so neither the worker's nor the candidate's ``atexit``
+    handlers run.
     """
     status = 70
     try:
         os.setsid()
+        if iso.check_namespaces:
+            mount_proc(iso.proc_options)
+        elif iso.ipc_per_check:
+            _libc_call("unshare", CLONE_NEWIPC)
+        if iso.cgroup is not None:
+            cgroups.join(iso.cgroup)
         fds = {0: devnull, 1: devnull, 2: err_w, RESULT_FD: res_w}
         if calls is not None:
             fds.update({CALL_FD: calls[0], REPLY_FD: calls[1]})
-        _place_fds(fds)
+        _place_fds(fds)  # also closes the cgroup's files: no process of the check holds one
         os.chdir(workdir)
-        if iso.ipc_per_check:
-            _libc_call("unshare", CLONE_NEWIPC)
         _set_limits(cfg["limits"], nproc=True)
         if iso.uid is not None:
             os.setgroups([])
@@ -1349,7 +1468,8 @@ class Worker:
                 grader, calls = (gpid, verdict_r), (call_r, reply_w)
         finally:
             zero(secret)
-        pid = os.fork()
+        oom_kills = cgroups.oom_kills(self.iso.cgroup) if self.iso.cgroup else 0
+        pid = self.iso.fork_check()
         if pid == 0:
             child_main(job, self.cfg, self.iso, workdir, self.devnull, err_w, res_w, calls)
         for fd in (res_w, err_w, *(calls or ())):
@@ -1361,6 +1481,8 @@ class Worker:
                                              start + float(job["timeout"]), stream_from,
                                              float(test_timeout) if test_timeout else None)
             header["wall_s"] = time.monotonic() - start
+            if self.iso.cgroup and cgroups.oom_kills(self.iso.cgroup) > oom_kills:
+                header["memory_capped"] = True  # the kernel killed a process of this check
         finally:
             for fd in (res_r, err_r, *((grader[1],) if grader else ())):
                 os.close(fd)
@@ -1392,9 +1514,11 @@ class Worker:
         have exited, the deadline passes, no result line has come for ``test_timeout``
         seconds (one test ran too long), output overflows the cap or the parent asks to stop
         this check; then kill both process groups and reap them.
-        From time ``stream_from`` on (if given), complete lines are forwarded to the parent
-        as they come (``{"partial": true}`` frames, with ``"grader": true`` for verdicts) so
-        that it can grade them early; most checks end before that and cost no extra frames."""
+        From time ``stream_from`` on (if given), the child's complete lines are forwarded to
+        the parent as they come (``{"partial": true}`` frames) so that it can stop the check
+        at a failure the candidate made itself (an exception, an output that is not plain);
+        most checks end before that and cost no extra frames. The grader's verdicts are
+        never forwarded: whether an answer was right must not decide when a check ends."""
         cap = self.cfg["max_output_bytes"]
         result, verdicts = bytearray(), bytearray()
         stderr = _Tail(self.cfg["stderr_tail_bytes"])
@@ -1412,11 +1536,11 @@ class Worker:
                 pass
         poller = select.poll()
         readers = {res_r: result.extend, err_r: stderr.add}
-        lines = {res_r: (result, {"partial": True})}  # streams whose lines count as tests
+        lines = {res_r}  # streams whose lines count as tests (for the per-test limit)
         if grader:
             readers[grader[1]] = verdicts.extend
-            lines[grader[1]] = (verdicts, {"partial": True, "grader": True})
-        forwarded = dict.fromkeys(lines, 0)  # bytes of each stream already sent to the parent
+            lines.add(grader[1])
+        forwarded = 0  # bytes of the child's lines already sent to the parent
         for fd in (*readers, *pidfds):
             poller.register(fd, select.POLLIN)
         if self.control is not None:  # also reports POLLHUP when the parent goes away
@@ -1430,7 +1554,7 @@ class Worker:
                     header["test_timed_out"] = deadline < check_deadline
                     break
                 wake = deadline if len(pidfds) == len(pids) else min(deadline, now + 0.005)
-                if stream_from is not None and now < stream_from and (result or verdicts):
+                if stream_from is not None and now < stream_from and result:
                     wake = min(wake, stream_from)  # lines are waiting to be streamed
                 for fd, events in poller.poll(max(1, int((wake - now) * 1000))):
                     if fd in pidfds:
@@ -1451,11 +1575,10 @@ class Worker:
                     header["capped"] = "stderr" if stderr.total > cap else "result"
                     break
                 if stream_from is not None and time.monotonic() >= stream_from:
-                    for fd, (stream, tag) in lines.items():
-                        end = stream.rfind(b"\n") + 1
-                        if end > forwarded[fd]:
-                            write_frame(1, tag, bytes(stream[forwarded[fd]:end]))
-                            forwarded[fd] = end
+                    end = result.rfind(b"\n") + 1
+                    if end > forwarded:
+                        write_frame(1, {"partial": True}, bytes(result[forwarded:end]))
+                        forwarded = end
                 for p in running - set(pidfds.values()):
                     if os.waitid(os.P_PID, p, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                         running.discard(p)
@@ -1564,6 +1687,7 @@ def main() -> None:
             break
     isolation.sweep()
     reap_all(REAP_GRACE_S)
+    isolation.release_cgroup()
 
 
 if __name__ == "__main__":

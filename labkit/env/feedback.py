@@ -90,15 +90,17 @@ class FeedbackConfig:
     """A bug kind counts as 'kept failing' after this many failed attempts in a row."""
     progress_bonus: float = 1.0
     """Size of the one-off ``r_progress`` bonus."""
-    mode: Literal["dense", "binary", "public", "noisy", "coarse"] = "dense"
+    mode: Literal["dense", "binary", "public", "noisy", "coarse", "flipped"] = "dense"
     """The feedback regime: what the learner is told, ``r_feedback`` (:func:`r_feedback`).
     ``dense``: the fraction of hidden tests passed; ``binary``: 1 only when every hidden test
     passes; ``public``: the fraction of the *visible* examples passed (incomplete tests:
     fitting the examples is the hack to watch); ``noisy``: the fraction after flipping each
     test outcome with probability ``noise_p``; ``coarse``: the fraction rounded down to one
-    of ``coarse_levels`` levels. Evaluation always uses the hidden tests."""
+    of ``coarse_levels`` levels; ``flipped``: the binary verdict, flipped with probability
+    ``noise_p`` (wrong labels). Evaluation always uses the hidden tests."""
     noise_p: float = 0.1
-    """``noisy``: probability that a test outcome is flipped."""
+    """``noisy``: probability that a test outcome is flipped; ``flipped``: that the whole
+    pass/fail verdict is."""
     coarse_levels: int = 4
     """``coarse``: levels of the quantised fraction (``0, 1/(k-1), ..., 1``)."""
 
@@ -144,7 +146,7 @@ def r_compile(code: str, result: SandboxResult | None = None) -> float:
 # ----------------------------------------------------------------------------- regimes
 
 
-FEEDBACK_MODES = ("dense", "binary", "public", "noisy", "coarse")
+FEEDBACK_MODES = ("dense", "binary", "public", "noisy", "coarse", "flipped")
 
 
 def r_feedback(result: SandboxResult, mode: str = "dense", *,
@@ -160,7 +162,9 @@ def r_feedback(result: SandboxResult, mode: str = "dense", *,
       names when they are among the hidden tests, else the result of running them);
     * ``noisy``: ``sum_j (o_j XOR e_j) / n``, ``e_j ~ Bernoulli(noise_p)`` drawn from ``rng``;
     * ``coarse``: ``floor(dense * (levels - 1)) / (levels - 1)``: a 70% pass rate at 4 levels
-      reads 1/3, so the signal says little about which change helped.
+      reads 1/3, so the signal says little about which change helped;
+    * ``flipped``: ``1[every o_j] XOR e``, ``e ~ Bernoulli(noise_p)`` drawn from ``rng``: a
+      pass/fail label that is wrong with probability ``noise_p``.
 
     Code that did not load has no outcomes and gets 0 under every regime."""
     outcomes = [o.ok for o in result.outcomes]
@@ -178,6 +182,8 @@ def r_feedback(result: SandboxResult, mode: str = "dense", *,
         passed = list(outcomes) + [False] * (total - len(outcomes))  # uncollected tests failed
         flips = noise_flips(rng or random.Random(0), total, noise_p)
         return sum(ok != e for ok, e in zip(passed, flips)) / total
+    if mode == "flipped":
+        return float((r_pass(result) >= 1.0) != ((rng or random.Random(0)).random() < noise_p))
     if mode == "public":
         if isinstance(public, SandboxResult):
             return r_test(public)
@@ -198,7 +204,8 @@ def noise_flips(rng: random.Random, n: int, p: float) -> list[bool]:
 def told_pass(components: Mapping[str, float]) -> bool:
     """Whether the feedback regime *told* the learner that every test passed:
     ``r_feedback = 1`` (every hidden test under ``dense``, ``binary`` and ``coarse``, every
-    visible example under ``public``, every flipped outcome under ``noisy``). What reads a
+    visible example under ``public``, every flipped outcome under ``noisy``, a label that reads
+    pass under ``flipped``). What reads a
     pass to pay or steer training (the progress bonus, the curriculum) reads this, never the
     hidden ``r_pass``, so that a regime reveals nothing beyond its own observation
     (docs/feedback.md, "What each part of the reward reads")."""

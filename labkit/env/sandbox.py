@@ -17,14 +17,19 @@ Design (the threat model, and which test checks each answer, are in ``docs/sandb
   plain data. Its verdicts travel on a pipe no process of the check holds
   (``graded_in="grader"``), and the child never holds the tests' source.
 * **Warm fork-server pool.** ``workers`` processes (``_worker.py``, standard library only)
-  are started once; each check is a ``fork`` of a warm worker, so there is no interpreter
-  start, no re-import and no namespace creation per check (except a fresh IPC namespace).
+  are started once; each check is a ``fork`` of a warm worker (a ``clone`` into new PID,
+  mount and IPC namespaces), so there is no interpreter start and no re-import per check.
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
-  open files, no core), a dedicated non-root uid per worker, ``no_new_privs``, a seccomp
-  system-call filter (:mod:`labkit.env.syscall_filter`), the uid's keyrings emptied, stdin
-  and stdout on ``/dev/null``, stderr and results on capped pipes, a private working
-  directory, a fresh IPC namespace, a wall deadline enforced by the worker, then the process
-  group killed and everything the uid left swept. Where the process is root on Linux each
+  open files, no core), a cgroup capping the memory and the processes of all the check's
+  processes together (:mod:`labkit.env.cgroups`), a dedicated non-root uid per worker,
+  ``no_new_privs``, a seccomp system-call filter (:mod:`labkit.env.syscall_filter`), the
+  uid's keyrings emptied, stdin and stdout on ``/dev/null``, stderr and results on capped
+  pipes, a private working directory, a fresh IPC namespace and a fresh PID namespace (the
+  check is pid 1 and has a ``/proc`` of its own), a wall deadline enforced by the worker,
+  then the process group killed and everything the uid left swept.
+* **Fail-fast tells nothing.** With :attr:`SandboxConfig.fail_fast` a check is graded up to
+  its first failure, but never ended at a wrong answer: it runs to its end line or its time
+  limits, so a candidate cannot learn which answer was wrong. Where the process is root on Linux each
   worker also lives in an empty network namespace and a private mount namespace whose root
   is an **allow-list**: the standard library, the interpreter and its shared libraries, a
   few device nodes, ``/proc`` and a private ``/tmp``, all read-only but ``/tmp`` and
@@ -139,9 +144,15 @@ class SandboxConfig:
     """CPU seconds per process (RLIMIT_CPU): a backstop behind the wall deadline."""
     memory_mb: int = 1024
     """Address space per process (RLIMIT_AS), in MiB; exceeding it raises MemoryError."""
+    check_memory_mb: int | None = None
+    """Memory of all of a check's processes together (their pages, its ``/tmp`` files, the
+    kernel's memory for them), in MiB, enforced by the check's cgroup: past it the kernel
+    kills the largest of them. ``None`` means :attr:`memory_mb`, the most one process may map.
+    Needs a writable cgroup (root); see :attr:`use_cgroup`."""
     nproc: int = 64
-    """Processes and threads of the sandbox uid (RLIMIT_NPROC): stops fork bombs. Without a
-    uid of its own (not root) this counts every process of the caller's user."""
+    """Processes and threads of the sandbox uid (RLIMIT_NPROC), and of the check's cgroup
+    (``pids.max``): stops fork bombs. Without a uid of its own (not root) this counts every
+    process of the caller's user."""
     nofile: int = 64
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     fsize_mb: int = 16
@@ -158,6 +169,16 @@ class SandboxConfig:
     """Empty network namespace, a fresh IPC namespace per check, a private mount namespace
     whose root holds only the allow-list (read-only), private ``/tmp``. Needs root on Linux;
     off otherwise, and :attr:`Sandbox.protections` says so."""
+    use_pid_namespace: bool = True
+    """Start every check as pid 1 of a PID namespace of its own, with a ``/proc`` of its own:
+    it sees no other process, and pid numbers and ``/proc`` tell nothing of other checks.
+    Needs the mount namespace (:attr:`use_namespaces`); off otherwise."""
+    use_cgroup: bool = True
+    """Run every check in its worker's cgroup, which caps the memory
+    (:attr:`check_memory_mb`) and the processes (:attr:`nproc`) of all of the check's
+    processes together. Needs a writable cgroup (v2 delegating ``memory`` and ``pids``, or
+    v1 with both controllers) and root; where there is none, only the per-process limits
+    hold, :attr:`Sandbox.notes` says why and a warning is issued."""
     drop_privileges: bool = True
     """Run checks as a dedicated non-root uid per worker (needs root). Also what makes the
     post-check sweep exact: every process of that uid is killed."""
@@ -176,15 +197,20 @@ class SandboxConfig:
     """Largest candidate, in UTF-8 bytes, that is parsed (by the hack scan, here) and run.
     A larger one is an ERROR without being parsed: parsing takes ~360 bytes per byte."""
     fail_fast: bool = False
-    """Stop a check at its first failing test, as HumanEval's ``check()`` does: results are
-    streamed to this process, graded as they arrive, and the child is killed at the first
-    failure. The pass/fail verdict is unchanged; partial credit is not computed (later
-    tests are reported as not run). Saves the time of candidates that fail and then loop."""
+    """Grade a check up to its first failing test, as HumanEval's ``check()`` does; later
+    tests are reported as not run and partial credit is not computed. The pass/fail verdict
+    is unchanged. The check itself still runs to its end line or its time limits: a check
+    that ended right after a wrong answer would tell the candidate that the answer was wrong
+    (and, through anything that outlives a check, the next check). It is stopped early only
+    at a failure the candidate made itself (an exception, an output that is not plain),
+    which tells it nothing it did not know."""
 
     def __post_init__(self) -> None:
         positive = ("workers", "timeout_s", "cpu_s", "memory_mb", "nproc", "fsize_mb",
                     "max_output_bytes", "tmpfs_mb", "max_code_bytes")
         bad = [name for name in positive if not getattr(self, name) > 0]
+        if self.check_memory_mb is not None and not self.check_memory_mb > 0:
+            bad.append("check_memory_mb")
         if self.test_timeout_s is not None and not self.test_timeout_s > 0:
             bad.append("test_timeout_s")
         if bad or self.nofile < 8:
@@ -380,6 +406,11 @@ class Sandbox:
                 warnings.warn(f"labkit sandbox: checks run WITHOUT the seccomp system-call "
                               f"filter: {'; '.join(sorted(notes))}", RuntimeWarning,
                               stacklevel=3)
+            if self.config.use_cgroup and not combined.get("cgroup"):
+                notes = {n for w in workers for n in w.info.get("notes", ()) if "cgroup" in n}
+                warnings.warn(f"labkit sandbox: a check's memory is capped per process only "
+                              f"(no cgroup): {'; '.join(sorted(notes))}", RuntimeWarning,
+                              stacklevel=3)
         return self
 
     def close(self) -> None:
@@ -401,10 +432,11 @@ class Sandbox:
         """Which protections are really active (starts the pool): ``parent_grading``,
         ``rlimits``, ``session``, ``wall_deadline``, ``output_cap``, ``minimal_env``,
         ``process_sweep``, ``non_root_uid``, ``no_new_privs``, ``net_namespace``,
-        ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``allowlist_root``
-        (the file system holds only the allow-list), ``readonly_root``, ``hidden_paths``,
-        ``private_tmp``, ``seccomp`` (the system-call filter; :attr:`notes` says why when it
-        is off)."""
+        ``mount_namespace``, ``ipc_namespace`` (a fresh one per check), ``pid_namespace`` (a
+        fresh one per check, with its own ``/proc``), ``allowlist_root`` (the file system
+        holds only the allow-list), ``readonly_root``, ``hidden_paths``, ``private_tmp``,
+        ``seccomp`` (the system-call filter), ``cgroup`` (memory and processes capped over
+        all of a check's processes); :attr:`notes` says why one is off."""
         self.start()
         return dict(self._protections)
 
@@ -428,6 +460,8 @@ class Sandbox:
         return {
             "seccomp_bpf": program, "seccomp_note": why,
             "uid_base": c.uid_base, "use_namespaces": c.use_namespaces,
+            "use_pid_namespace": c.use_pid_namespace, "use_cgroup": c.use_cgroup,
+            "check_memory_mb": c.check_memory_mb,
             "drop_privileges": c.drop_privileges, "tmpfs_mb": c.tmpfs_mb,
             "limits": {"cpu_s": c.cpu_s, "memory_mb": c.memory_mb, "nproc": c.nproc,
                        "nofile": c.nofile, "fsize_mb": c.fsize_mb},
@@ -610,7 +644,7 @@ class _Batch:
                 state.deadline = max(state.deadline, time.monotonic() + _REPLY_GRACE_S)
                 continue
             if header.get("partial"):
-                self.stream(state, worker, i, number, payload, bool(header.get("grader")))
+                self.stream(state, worker, i, number, payload)
                 continue
             state.queue.popleft()
             self.finish(i, self.grade(i, header, payload))
@@ -645,13 +679,14 @@ class _Batch:
             self.selector.unregister(worker.out_fd)
 
     def stream(self, state: _SlotState, worker: _Worker, i: int, number: int,
-               lines: bytes, grader: bool = False) -> None:
-        """Fail-fast: grade streamed lines of the running check (the child's outputs, or the
-        grader's verdicts); stop it at a failure."""
+               lines: bytes) -> None:
+        """Fail-fast: read the running check's streamed lines (the child's outputs) and stop
+        it at a failure the candidate made itself (:func:`_fails_by_itself`), never at a
+        wrong answer."""
         if state.stop_sent:
             return
         suite = self.candidates[i].tests
-        if any(_line_fails(suite, line, grader) for line in lines.splitlines()):
+        if any(_fails_by_itself(suite, line) for line in lines.splitlines()):
             worker.stop(number)
             state.stop_sent = True
 
@@ -945,6 +980,9 @@ def _classify(header: Mapping, t: _Transcript, g: _Transcript, corrupt: str,
                                 f"were reported")
     if header.get("capped"):
         return Status.KILLED, f"output cap exceeded on {header['capped']}"
+    if sig == signal.SIGKILL and header.get("memory_capped"):
+        return Status.KILLED, ("memory cap of the check (check_memory_mb, all its processes "
+                               "together) hit: the kernel killed it")
     if sig in _SIGNAL_LIMITS:
         return Status.KILLED, _SIGNAL_LIMITS[sig]
     if sig:
@@ -972,28 +1010,25 @@ def _classify(header: Mapping, t: _Transcript, g: _Transcript, corrupt: str,
     return Status.FAILED, f"{len(failed)} of {total} tests failed; first: {first.name}: {first.detail}"
 
 
-def _line_fails(suite: TestSuite, line: bytes, grader: bool = False) -> bool:
-    """Fail-fast: whether one streamed line already decides the check, being a failing test
-    or not a well-formed test line (the final grading voids the latter). Never raises."""
+def _fails_by_itself(suite: TestSuite, line: bytes) -> bool:
+    """Fail-fast: whether one streamed line of the child fails the check whatever the
+    expected values are: the candidate raised (``"x"``), its output is not plain (``"u"``)
+    or does not decode, or the line is not a well-formed test line (the final grading voids
+    the check). The candidate knows all of that itself, so stopping the check there tells it
+    nothing. A wrong answer never stops a check: a candidate still running could tell from
+    that, and tell a later check through anything that outlives this one, which answer was
+    wrong. Never raises."""
     rec = _json_object(line)
     if rec is None:
         return True
     if rec.get("k") in ("load", "end"):
         return False
     i = rec.get("i")
-    n_cases = len(suite.cases)
-    low, high = (n_cases, suite.total) if grader else (0, n_cases)
-    if type(i) is not int or not low <= i < high:
-        return True
-    if grader:
-        return rec.get("ok") is not True
-    if not _well_formed(rec, True):
+    if type(i) is not int or not 0 <= i < len(suite.cases) or not _well_formed(rec, True):
         return True
     if "v" in rec:
-        rec["v"] = plain.decode_untrusted(rec["v"])
-        if rec["v"] is plain.MALFORMED:
-            return True
-    return not _grade_case(suite.cases[i], "", rec).ok
+        return plain.decode_untrusted(rec["v"]) is plain.MALFORMED
+    return True  # "x" or "u"
 
 
 def _signal_name(number: int) -> str:

@@ -8,16 +8,26 @@ same); :func:`base_train_config` turns it into one run's :class:`TrainConfig`;
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from labkit import provenance
 from labkit.config import from_dict
+from labkit.experiments import load
 from labkit.loops.trainer import TrainConfig
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
-"""The repository's results folder (``docs/results``)."""
+"""The repository's results folder (``docs/results``): the published pages. An experiment
+writes there only when asked (``out=docs/results``), and only from runs of one clean commit
+(:func:`labkit.experiments.pages.write_page`)."""
+class ReuseError(ValueError):
+    """A results JSON named in ``reuse_recorded`` cannot stand for runs of this experiment; the
+    message says what differs and what to do."""
+
+
+DEFAULT_OUT = "runs/results"
+"""Where an experiment's page goes by default, relative to the working directory."""
 
 
 @dataclass
@@ -31,8 +41,8 @@ class ExperimentConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     """Training seeds; every method trains once per seed (``TrainConfig.seed``: sampling,
     task order). The tasks themselves come from ``task_seed``, the same for every run, so runs
-    are compared paired; the 95% interval over seeds covers training noise. A single seed
-    gives no interval."""
+    are compared paired; the 95% interval (seeds and tasks both random) covers training noise.
+    A single seed measures no training noise: nothing is shown."""
     task_seed: int = 0
     """Seed of the training and held-out task lists (``tasks.seed``), fixed across seeds and
     methods: every run trains on the same problems and is evaluated on the same tasks."""
@@ -71,6 +81,23 @@ class ExperimentConfig:
     pass@1 (a policy that only sharpens raises pass@1 and lowers pass@k). 0 = off."""
     paired_eval_seed: int = 4321
     """Base of the evaluation sampling seeds (one derived per training seed)."""
+    screen_tasks: int = 0
+    """The lower-noise evaluation beside the standard one (``paired_screened``,
+    :func:`labkit.experiments.paired.add_screened`): at most this many held-out tasks whose
+    start pass rate, screened with a sampling seed of its own, lies in ``screen_range``; each
+    evaluated with ``screen_eval_k`` samples and adjusted by the screen's reading (a control
+    variate). 0 = off."""
+    screen_pool: int = 400
+    """Held-out tasks screened (at most ``screen_per_template`` per template)."""
+    screen_per_template: int | None = 24
+    """At most this many of the screened pool from any one template (the ``test`` split has 32
+    templates, so 12 cannot fill 400)."""
+    screen_k: int = 4
+    """Samples per task in the screen (the start policy, at ``paired_temperature``)."""
+    screen_range: tuple[float, float] = (0.05, 0.95)
+    """Screened start pass rates kept: tasks the start neither always nor never passes."""
+    screen_eval_k: int = 6
+    """Samples per kept task for pass@1 (against ``paired_k`` on the standard list)."""
     paired_trained: bool = True
     """With ``train_split`` ``val``: also evaluate start and end on ``paired_tasks`` new
     instances of the trained templates (``paired_trained``). Building that list runs the bug
@@ -116,9 +143,9 @@ class ExperimentConfig:
     train_problems: int = 2000
     """Synthetic training problems generated per run (``tasks.train_problems``, one buggy
     variant each); each step samples ``tasks_per_step`` of them."""
-    out: str = str(RESULTS)
-    """Folder the reports are written to: ``<name>.md``, ``.json``, ``.html`` and ``.png``
-    (default: the repository's ``docs/results``)."""
+    out: str = DEFAULT_OUT
+    """Folder the reports are written to: ``<name>.md``, ``.json``, ``.html`` and ``.png``.
+    Publishing to the repository's pages is explicit: ``out=docs/results``."""
     run_root: str = "runs/experiments"
     """Root of the run folders: method ``m`` of experiment ``e`` trains into
     ``<run_root>/<e>/<m>/seed<seed>``, where finished runs are found again (``reuse_finished``)
@@ -134,6 +161,14 @@ class ExperimentConfig:
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint
     (:func:`prepare_run_dir`)."""
+    allow_code_drift: bool = False
+    """Let runs (finished, interrupted or recorded) trained by other code into this
+    experiment: another commit or other uncommitted changes (:mod:`labkit.provenance`). Off,
+    such a run is refused with one line naming the difference; on, it is used and the page's
+    header says which code each row comes from."""
+    smoke: bool = False
+    """A smoke run (``experiment NAME --smoke``): the experiment's tiny budget (its ``SMOKE``
+    overrides), the whole pipeline in minutes; its page says its numbers decide nothing."""
     reuse_recorded: str | None = None
     """An earlier results JSON of the same experiment (e.g. ``docs/results/reshaping.json``):
     a method it records with every seed asked for, made with this same config (the seeds, the
@@ -172,19 +207,35 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
     })
 
 
-def command(name: str, exp: ExperimentConfig) -> str:
-    """The command that reruns experiment ``name`` with config ``exp``:
-    ``python -m labkit experiment NAME --set k=v ...`` for every field that differs from the
-    experiment's defaults (values written as the ``--set`` parser, YAML, reads them back)."""
+NOT_IN_COMMAND = ("reuse_recorded", "allow_code_drift", "smoke")
+"""Fields the rerun command leaves out: it rebuilds every row from nothing (a record the rows
+were taken from is named as their source, never as the command), and ``smoke`` is ``--smoke``."""
+
+
+def command(name: str, exp) -> str:
+    """The command that rebuilds every row of experiment ``name`` with config ``exp``:
+    ``python -m labkit experiment NAME [--smoke] --set k=v ...`` for every field that differs
+    from the experiment's defaults (or from its ``SMOKE`` budget, for a smoke run; values
+    written as the ``--set`` parser, YAML, reads them back), :data:`NOT_IN_COMMAND` aside."""
     import shlex
 
-    default = type(exp)()
-    parts = [f"python -m labkit experiment {name}"]
+    default = smoke_config(load(name), type(exp)) if getattr(exp, "smoke", False) else type(exp)()
+    parts = [f"python -m labkit experiment {name}" + (" --smoke" if getattr(exp, "smoke", False) else "")]
     for f in dataclasses.fields(exp):
         ours = getattr(exp, f.name)
-        if ours != getattr(default, f.name):
+        if f.name not in NOT_IN_COMMAND and ours != getattr(default, f.name):
             parts.append("--set " + shlex.quote(f"{f.name}={_yaml_value(ours)}"))
     return " ".join(parts)
+
+
+def smoke_config(module, cls=None):
+    """The experiment's config at its smoke budget: its ``Config`` with the module's ``SMOKE``
+    overrides and ``smoke`` on."""
+    cfg = (cls or module.Config)()
+    for k, v in getattr(module, "SMOKE", {}).items():
+        setattr(cfg, k, v)
+    cfg.smoke = True
+    return cfg
 
 
 def _yaml_value(v) -> str:
@@ -197,16 +248,7 @@ def _yaml_value(v) -> str:
 
 
 def code_commit() -> str | None:
-    """The repository's commit (``git rev-parse HEAD``, ``+dirty`` when files differ from it),
-    or ``None`` outside a git checkout."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty else "")
+    """The checkout's commit, with ``+dirty.<hash>`` when the files that decide a run differ
+    from it (:func:`labkit.provenance.label`), or ``None`` outside a git checkout."""
+    ident = provenance.code_identity()
+    return provenance.label(ident) if ident["commit"] else None

@@ -16,13 +16,21 @@ and within rollouts (each rollout's credits and values centred), and sign agreem
 intervals resample tasks (a task's hunks share its rollouts and groups).
 
 Estimators: ``grpo``, ``didpo``, ``didpo`` A_D only, ``didpo_group_mean`` (non-paper),
-``didpo_fork``, and two controls: **oracle** (the Shapley values themselves on each hunk's
-tokens, scaled per group as GRPO scales: ``oracle_hunk`` without ``A_E``), the ceiling, and
-**shuffled** (those values permuted among each group's hunks), the floor.
+``didpo_fork``, and three references: **oracle** (the Shapley values themselves on each hunk's
+tokens, scaled per group as GRPO scales: ``oracle_hunk`` without ``A_E``; it agrees with the
+truth by construction, so it is a ceiling, not a control), **revert_one** (each hunk's effect
+when it alone is reverted, ``R(c) - R(c without h)``, scaled the same way: measured credit
+that differs from the Shapley value where hunks interact, the signed positive control) and
+**shuffled** (the Shapley values permuted among each group's hunks, the negative control).
+
+The claim, named before the run (:data:`PRIMARY`): DiDPO's credit ranks the hunks *within a
+rollout* as their Shapley values do (GRPO gives every hunk of a rollout the same credit, so the
+pooled agreement mostly measures which rollouts did well, not which hunk did).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -36,10 +44,14 @@ from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.env.records import Candidate
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
-from labkit.experiments import pages, stats
-from labkit.experiments.config import RESULTS, _yaml_value
+from labkit import provenance
+from labkit.credit.advantages import HunkValues
+from labkit.env.edits import rollout_hunks
+from labkit.experiments import claims, pages, stats
+from labkit.experiments.claims import Contrast
+from labkit.experiments.config import DEFAULT_OUT, command
 from labkit.loops.forks import measure_forks
-from labkit.loops.hunks import hunk_values
+from labkit.loops.hunks import hunk_values, subset_program
 from labkit.loops.metrics import average_ranks
 from labkit.policy import forking as fk
 from labkit.policy.loading import load_policy, weights_fingerprint
@@ -90,8 +102,12 @@ class Config:
     """The policy that samples and forks (its EMA baseline equals it)."""
     threads: int = 2
     """``torch.set_num_threads``."""
-    out: str = str(RESULTS)
-    """Folder of ``credit.md``, ``.json``, ``.html``, ``.png``."""
+    out: str = DEFAULT_OUT
+    """Folder of ``credit.md``, ``.json``, ``.html``, ``.png``; publishing is explicit:
+    ``out=docs/results``."""
+    smoke: bool = False
+    """A smoke run (``experiment credit --smoke``, the :data:`SMOKE` budget): its page says its
+    numbers decide nothing."""
 
 
 ESTIMATORS = {  # label -> (registered estimator, options)
@@ -101,9 +117,25 @@ ESTIMATORS = {  # label -> (registered estimator, options)
     "didpo_group_mean (non-paper)": ("didpo_group_mean", {}),
     "didpo_fork": ("didpo_fork", {"spread": "hunk"}),
     "oracle": ("oracle_hunk", {"episode": False}),
+    "revert_one": ("oracle_hunk", {"episode": False}),
     "shuffled": ("oracle_hunk_shuffled", {"episode": False}),
 }
-"""The estimators compared, with ``oracle`` the ceiling and ``shuffled`` the floor."""
+"""The estimators compared, with ``oracle`` the ceiling, ``revert_one`` the positive control
+(``oracle_hunk`` on revert-one effects instead of Shapley values) and ``shuffled`` the floor."""
+
+PRIMARY = (
+    Contrast("DiDPO within-rollout agreement", "claim", "didpo", None, +1,
+             source="DiDPO (arXiv 2608.07147) credits each code diff by its anchor group; no size "
+                    "of agreement is stated, so only the direction is claimed"),
+    Contrast("revert-one within-rollout agreement", "positive", "revert_one", None, +1),
+    Contrast("shuffled within-rollout agreement", "negative", "shuffled", None, +1),
+)
+"""The claim and its signed controls: within-rollout Spearman rho of each estimator's hunk
+credit with the Shapley values (above 0: it ranks a rollout's hunks right)."""
+
+SMOKE = {"groups": 4, "min_tasks": 2, "max_rounds": 1, "pool": 8, "fork_budget": 1,
+         "bootstrap": 50}
+"""``--smoke``: a few informative groups, the whole pipeline."""
 
 
 # ============================================================================= agreement
@@ -134,16 +166,23 @@ def sign_agreement(credit, value) -> float:
     return sum((c > 0) == (e > 0) and c != 0 for c, e in pairs) / len(pairs)
 
 
-def cluster_interval(records: list[dict], stat, n_boot: int, seed: int) -> list[float]:
-    """95% interval of ``stat(records*)`` resampling whole tasks (a task's hunks together)."""
+def cluster_draws(records: list[dict], stat, n_boot: int, seed: int) -> list[float]:
+    """``stat(records*)`` on ``n_boot`` resamples of whole tasks (a task's hunks together);
+    undefined draws left out, none for fewer than two tasks."""
     by: dict = {}
     for r in records:
         by.setdefault((r["split"], r["task_id"]), []).append(r)
     clusters = list(by.values())
     if len(clusters) < 2 or n_boot < 1:
-        return [math.nan, math.nan]
-    return stats.bootstrap(lambda rng: stat([r for c in stats.resample(clusters, rng) for r in c]),
-                           n_boot, seed)
+        return []
+    return stats.bootstrap_draws(lambda rng: stat([r for c in stats.resample(clusters, rng) for r in c]),
+                                 n_boot, seed)
+
+
+def cluster_interval(records: list[dict], stat, n_boot: int, seed: int) -> list[float]:
+    """95% percentile interval of :func:`cluster_draws` (NaN when there are none)."""
+    draws = cluster_draws(records, stat, n_boot, seed)
+    return stats.percentile_interval(draws) if draws else [math.nan, math.nan]
 
 
 def centred(records: list[dict], label: str) -> list[dict]:
@@ -175,8 +214,11 @@ def agreement(records: list[dict], label: str, n_boot: int, seed: int) -> dict:
         w = centred(rs, label)
         return spearman([r["c"] for r in w], [r["v"] for r in w])
 
+    within_draws = cluster_draws(records, within, n_boot, seed)
     return {"spearman": rho(records), "spearman_ci95": cluster_interval(records, rho, n_boot, seed),
-            "within": within(records), "within_ci95": cluster_interval(records, within, n_boot, seed),
+            "within": within(records),
+            "within_ci95": stats.percentile_interval(within_draws) if within_draws else [math.nan] * 2,
+            "within_se": statistics.stdev(within_draws) if len(within_draws) > 1 else math.nan,
             "within_hunks": len(centred(records, label)),
             "sign": sign(records), "sign_ci95": cluster_interval(records, sign, n_boot, seed),
             "credit_nonzero_frac": statistics.fmean(r["credit"][label] != 0 for r in records)
@@ -185,25 +227,6 @@ def agreement(records: list[dict], label: str, n_boot: int, seed: int) -> dict:
 
 _Z975, _Z80 = 1.959964, 0.841621
 """Standard normal quantiles 0.975 and 0.80."""
-
-
-def difference_interval(records: list[dict], a: str, b: str, n_boot: int, seed: int) -> dict:
-    """``rho(b) - rho(a)`` pooled, with its interval resampling tasks and the smallest
-    difference this many tasks detect: ``(z_0.975 + z_0.80) * SE``, SE the SD of the
-    bootstrap draws (normal quantiles: the tasks, not a handful of seeds, are the sample)."""
-    def d(rs):
-        return (spearman([r["credit"][b] for r in rs], [r["value"] for r in rs])
-                - spearman([r["credit"][a] for r in rs], [r["value"] for r in rs]))
-
-    by: dict = {}
-    for r in records:
-        by.setdefault((r["split"], r["task_id"]), []).append(r)
-    clusters = list(by.values())
-    draws = stats.bootstrap_draws(lambda rng: d([r for c in stats.resample(clusters, rng) for r in c]),
-                                  n_boot, seed)
-    se = statistics.stdev(draws) if len(draws) > 1 else math.nan
-    return {"mean": d(records), "ci95": stats.percentile_interval(draws) if draws else [math.nan] * 2,
-            "se": se, "mde": (_Z975 + _Z80) * se if se == se else None}
 
 
 # ============================================================================= data
@@ -269,7 +292,10 @@ def credit_batch(policy, tasks, cfg: Config, split: str, rnd: int, index: int, r
     mask = collate(rolls, policy.tokenizer.pad_token_id)["completion_mask"].double()  # [B, T]
     inp = AdvantageInput(torch.tensor(own, dtype=torch.float64), [r.task_id for r in rolls], mask,
                          rollouts=rolls, tasks=task_of, forks=forks.sites, hunks=hunks)
-    advs = {lab: compute_advantages(name, inp, **opts).advantages for lab, (name, opts) in ESTIMATORS.items()}
+    loo = revert_one_values(rolls, task_of, runner, own, hunks)
+    advs = {lab: compute_advantages(name, dataclasses.replace(inp, hunks=loo) if lab == "revert_one" else inp,
+                                    **opts).advantages
+            for lab, (name, opts) in ESTIMATORS.items()}
     records = []
     for b, (r, row) in enumerate(zip(rolls, hunks.rows)):
         for k, (tokens, value) in enumerate(row):
@@ -278,6 +304,23 @@ def credit_batch(policy, tasks, cfg: Config, split: str, rnd: int, index: int, r
                                 "k": k, "value": value, "reward": own[b], "n_tokens": len(tokens),
                                 "credit": {lab: hunk_mean(a, b, tokens) for lab, a in advs.items()}})
     return records, cost
+
+
+def revert_one_values(rolls, tasks, runner, own, hunks: HunkValues) -> HunkValues:
+    """Each hunk's revert-one effect ``R(c) - R(c without h)`` in place of its Shapley value (the
+    same hunks and tokens; the programs were run for the Shapley values, so ``runner``'s memo
+    answers)."""
+    rows = []
+    for r, t, reward, row in zip(rolls, tasks, own, hunks.rows):
+        if not row:
+            rows.append([])
+            continue
+        located = [h.hunk for h in rollout_hunks(r, t.buggy_code)]
+        k = len(located)
+        codes = [subset_program(r.code, located, [j for j in range(k) if j != i]) for i in range(k)]
+        without = runner([t] * k, codes)
+        rows.append([(tokens, reward - w) for (tokens, _), w in zip(row, without)])
+    return HunkValues(rows)
 
 
 def _pool(cfg: Config) -> list[tuple[str, object]]:
@@ -331,24 +374,49 @@ def run(cfg: Config) -> Path:
                         ("sample_s", "truth_s", "fork_s", "forks", "subset_programs")},
                "hunks": records}
     results["agreement"] = agreement_table(records, cfg.bootstrap, cfg.seed)
-    results["controls"] = credit_controls(records, cfg.bootstrap, cfg.seed)
+    now = provenance.label(provenance.code_identity())
+    results["provenance"] = {"code": now, "runs": [now], "allow_code_drift": False,
+                             "clean_single_commit": now != "unknown" and "+dirty" not in now}
+    results["primary"] = claims.read(results, PRIMARY, PRIMARY_KEY, getter=_within)
     return pages.write_page(results, cfg.out, render, figure)
 
 
-def _command(cfg: Config) -> str:
-    import dataclasses
-    import shlex
+PRIMARY_KEY = "all"
+"""The claim is read on the hunks of both splits together."""
 
-    default = Config()
-    parts = ["python -m labkit experiment credit"]
-    for f in dataclasses.fields(cfg):
-        if getattr(cfg, f.name) != getattr(default, f.name):
-            parts.append("--set " + shlex.quote(f"{f.name}={_yaml_value(getattr(cfg, f.name))}"))
-    return " ".join(parts)
+
+def _within(results, c: Contrast, key: str):
+    """:data:`PRIMARY`'s getter: an estimator's within-rollout rho with its interval over
+    tasks and its smallest detectable value (``(z_0.975 + z_0.80) se``, ``se`` the bootstrap
+    draws' SD: the tasks are the sample)."""
+    a = results["agreement"].get(key, {}).get("estimators", {}).get(c.variant)
+    if not a or a.get("within") != a.get("within"):
+        return None, None
+    se = a.get("within_se")
+    return {"mean": a["within"], "ci95": a["within_ci95"], "se": se,
+            "mde": (_Z975 + _Z80) * se if se == se and se is not None else None,
+            "tasks": results["agreement"][key].get("tasks")}, None
+
+
+def restat(results: dict) -> dict:
+    """The agreement computed again from the stored hunk records, and the claim read again."""
+    cfg = results["config"]
+    done = all("within_se" in a for t in results.get("agreement", {}).values()
+               for a in t["estimators"].values() if a)
+    if not done:  # a record from before the interval kept its spread
+        results["agreement"] = agreement_table(results["hunks"], cfg["bootstrap"], cfg["seed"])
+    results.pop("controls", None)
+    results["primary"] = claims.read(results, PRIMARY, PRIMARY_KEY, getter=_within)
+    return results
+
+
+def _command(cfg: Config) -> str:
+    return command("credit", cfg)
 
 
 def agreement_table(records: list[dict], n_boot: int, seed: int) -> dict:
-    """Per split and ``all``: hunk counts and every estimator's :func:`agreement`."""
+    """Per split and ``all``: hunk counts and every estimator's :func:`agreement` (the ones
+    every record carries: a record of an older run may lack a newer estimator)."""
     table = {}
     splits = sorted({r["split"] for r in records})
     for name in [*splits, "all"]:
@@ -356,25 +424,9 @@ def agreement_table(records: list[dict], n_boot: int, seed: int) -> dict:
         table[name] = {"hunks": len(recs), "nonzero_value": sum(r["value"] != 0 for r in recs),
                        "tasks": len({r["task_id"] for r in recs}),
                        "estimators": {lab: agreement(recs, lab, n_boot, seed) if recs else {}
-                                      for lab in ESTIMATORS}}
+                                      for lab in ESTIMATORS
+                                      if all(lab in r["credit"] for r in recs)}}
     return table
-
-
-def credit_controls(records: list[dict], n_boot: int, seed: int) -> dict:
-    """The ``controls`` record of the credit instrument: positive = the oracle's pooled
-    agreement minus grpo's, negative = the shuffled values' minus grpo's, the claim = didpo's
-    minus grpo's; ``mde`` the claim's smallest detectable difference over these tasks;
-    ``sensitive``: the oracle beats grpo, its interval above 0, by more than the MDE."""
-    pos = difference_interval(records, "grpo", "oracle", n_boot, seed)
-    neg = difference_interval(records, "grpo", "shuffled", n_boot, seed)
-    claim = difference_interval(records, "grpo", "didpo", n_boot, seed)
-    mde = claim["mde"]
-    sensitive = bool(pos["ci95"][0] > 0 and mde is not None and pos["mean"] > mde)
-    out = {"positive": pos, "negative": neg, "claim": claim, "mde": mde, "sensitive": sensitive,
-           "measure": "Spearman rho of hunk credit with the hunk's Shapley value, minus grpo's"}
-    if not sensitive and mde is not None:
-        out["shortfall"] = mde - pos["mean"]
-    return out
 
 
 def _fmt(x, nd: int = 3) -> str:
@@ -383,7 +435,7 @@ def _fmt(x, nd: int = 3) -> str:
 
 def render(results: dict) -> str:
     """The page of a credit results JSON."""
-    c, tab, ctl = results["config"], results["agreement"], results["controls"]
+    c, tab = results["config"], results["agreement"]
     what = (f"The shipped policy samples groups of {c['group_size']} at T = {c['temperature']} on "
             f"{c['n_bugs']}-bug, multi-hunk tasks of the `{'`, `'.join(c['splits'])}` templates; only "
             f"groups whose rewards differ count. **{results['informative_groups']} informative groups "
@@ -391,36 +443,26 @@ def render(results: dict) -> str:
             "Ground truth per hunk: its exact Shapley value over the rollout's hunks (every subset "
             "applied to the buggy code and run). Credit of an estimator for a hunk: the mean of its "
             "per-token advantages over the hunk's tokens. Intervals: 95% bootstrap over tasks.")
-    lines = [f"# {TITLE}", "", what, "", f"Rerun: `{results['command']}`", "",
-             f"Model `{results['setting']['model']}` (weights sha256 "
-             f"`{results['setting']['model_sha256']}`), code `{(results.get('code_commit') or 'unknown')[:12]}`.",
-             "", "## Could this instrument see the difference?", "",
-             "| | difference in Spearman rho | 95% interval over tasks |", "|---|---|---|"]
-    for role, label in (("positive", "oracle - grpo"), ("negative", "shuffled - grpo"),
-                        ("claim", "didpo - grpo")):
-        d = ctl[role]
-        lines.append(f"| {role} control ({label}) | {_fmt(d['mean'])} | "
-                     f"{stats.interval_text(d['ci95'])} |" if role != "claim" else
-                     f"| the claim ({label}) | {_fmt(d['mean'])} | {stats.interval_text(d['ci95'])} |")
-    lines += ["", f"Smallest difference in rho these tasks detect (80% power, two-sided 5%): "
-              f"{_fmt(ctl['mde'])}.",
-              ("**Yes**: the oracle's credit agrees with the truth better than grpo's by more than "
-               "that, so this instrument can tell good credit from bad." if ctl["sensitive"] else
-               "**No**: even the oracle does not beat grpo by the smallest detectable difference"
-               + (f" (short by {ctl['shortfall']:.3f})" if ctl.get("shortfall") is not None else "")
-               + ": this instrument cannot rank credit estimators."), "",
-              "## Agreement of each estimator's credit with the Shapley values", "",
+    rule = ("Intervals are 95% percentile intervals resampling tasks (a task's hunks together; one "
+            "sampling seed: the tasks are the sample). The claim and its controls were named "
+            "before the run (primary); the rest of the page is exploratory.")
+    lines = pages.header(results, TITLE, what, rule) + pages.primary_lines(results)
+    lines += ["The pooled agreement (below, a secondary column) mostly measures which rollouts did "
+              "well: GRPO's credit is one number per rollout and still reaches a high pooled rho. "
+              "The within-rollout rho asks the credit question itself: which hunk of a rollout did "
+              "the work. `oracle` agrees by construction (its credit is the Shapley value).", "",
+              "## Agreement of each estimator's credit with the Shapley values (exploratory)", "",
               "Within-rollout rho: credit and value centred on their rollout's mean, over rollouts "
               "with two or more hunks (`grpo` gives every hunk of a rollout the same credit).", "",
-              "| tasks | estimator | hunks | Spearman rho | within-rollout rho (hunks) | sign agreement | credit != 0 |",
+              "| tasks | estimator | hunks | within-rollout rho (hunks) | pooled Spearman rho | sign agreement | credit != 0 |",
               "|---|---|---|---|---|---|---|"]
     for name, t in tab.items():
         for lab, a in t["estimators"].items():
             if not a:
                 continue
-            lines.append(f"| {name} ({t['tasks']} tasks) | {lab} | {t['hunks']} | {_fmt(a['spearman'])} "
-                         f"{stats.interval_text(a['spearman_ci95'], 2)} | {_fmt(a['within'])} "
+            lines.append(f"| {name} ({t['tasks']} tasks) | {lab} | {t['hunks']} | {_fmt(a['within'])} "
                          f"{stats.interval_text(a['within_ci95'], 2)} ({a['within_hunks']}) | "
+                         f"{_fmt(a['spearman'])} {stats.interval_text(a['spearman_ci95'], 2)} | "
                          f"{_fmt(a['sign'])} | {_fmt(a['credit_nonzero_frac'], 2)} |")
     cost = results["cost"]
     lines += ["", f"Cost: {results['sandbox_runs']} sandbox runs ({cost['subset_programs']:.0f} subset "

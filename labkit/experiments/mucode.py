@@ -17,9 +17,11 @@ Per training seed ``s`` (``seeds``), on the template testbed:
    (final) pass, N = 1 (the exact mean over turn-1 candidates, or the random selector) and
    BoN-N, the BCE verifier's single-turn pick and pass@N.
 
-Every interval is over training seeds (:func:`labkit.experiments.stats.paired_change`: a t
-interval of the per-seed mean changes, with the hierarchical seeds-then-tasks bootstrap
-and a task-only bootstrap beside it). Each seed's result is kept in
+Every interval has training seeds and held-out tasks both random
+(:func:`labkit.experiments.stats.paired_change`). Each training seed evaluates with its own
+sampling seed (the same for the start and its generators), so the start's sampling noise
+differs between seeds. The claims and their controls are named before the run
+(:data:`PRIMARY`); every other contrast on the page is exploratory, Holm-corrected. Each seed's result is kept in
 ``<run_root>/seed<s>/result.json`` and reused when the experiment runs again with the same
 settings, so an interrupted experiment redoes only the seeds it had not finished.
 
@@ -41,8 +43,10 @@ from labkit.config import to_record
 from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
-from labkit.experiments.config import RESULTS, _yaml_value
-from labkit.experiments import pages, stats
+from labkit import provenance
+from labkit.experiments.claims import Contrast
+from labkit.experiments.config import DEFAULT_OUT, command
+from labkit.experiments import claims, pages, stats
 from labkit.loops.episodes import EpisodeConfig, turn_prompt
 from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
 from labkit.loops.verifier import VerifierConfig, build_verifier, ranking_metrics, train_verifier
@@ -88,7 +92,62 @@ CONTRASTS = {
                                               "single-turn, BoN, verifier (BCE)"),
     "BoN: oracle - random (single-turn)": ("single-turn, BoN, oracle", "single-turn, BoN, random"),
     "BoN: verifier - random (single-turn)": ("single-turn, BoN, verifier", "single-turn, BoN, random"),
+    "BoN: oracle - random (multi-turn)": ("multi-turn, BoN, oracle", "multi-turn, BoN, random"),
 }
+
+PASS_K = "single-turn, pass@k"
+"""The condition of pass@k: ``pass_k`` single-turn candidates at the sampling temperature,
+any of which passes the hidden tests (a policy that only sharpens raises pass@1, lowers this)."""
+
+GEN = "expert_iteration"
+"""The generator muCODE trains (the claims are read on it)."""
+
+PRIMARY = (
+    Contrast("expert iteration - start, multi-turn", "claim",
+             f"{GEN}|multi-turn, N=1 (random pick)", None, +1, size=0.028,
+             source="muCODE (arXiv 2502.20380) Table 1, Llama-3.2-1B on MBPP: single-turn 35.1, "
+                    "muCODE multi-turn 37.9 (+2.8 points)"),
+    Contrast("correct experts only - start", "positive",
+             "ei_oracle|multi-turn, N=1 (random pick)", None, +1,
+             of="expert iteration - start, multi-turn"),
+    Contrast("own correct samples - start", "negative",
+             "sft_self|multi-turn, N=1 (random pick)", None, +1,
+             of="expert iteration - start, multi-turn"),
+    Contrast("learned verifier - random pick, multi-turn BoN", "claim",
+             f"{GEN}|BoN: verifier - random (multi-turn)", None, +1, size=0.058,
+             source="muCODE (arXiv 2502.20380) Table 2, Llama-3.2-1B on MBPP: random pick 37.5, "
+                    "learned verifier 43.3 (+5.8 points)"),
+    Contrast("oracle - random pick, multi-turn BoN", "positive",
+             f"{GEN}|BoN: oracle - random (multi-turn)", None, +1,
+             of="learned verifier - random pick, multi-turn BoN"),
+)
+"""The claims and their signed controls, named before the run: ``generator|condition`` is a
+generator's paired change from the start on a condition; ``generator|contrast`` a contrast
+within a generator (:data:`CONTRASTS`)."""
+
+
+SMOKE = {"seeds": (0, 1), "train_problems": 6, "rollouts_per_task": 1, "iterations": 1,
+         "eval_tasks": 4, "sft_steps": 2, "turns": 2, "n_candidates": 2, "verifier_epochs": 1,
+         "pass_k": 2}
+"""``--smoke``: every generator, two seeds, the whole pipeline in a few minutes."""
+
+
+def _change(results, c: Contrast, key: str):
+    """:data:`PRIMARY`'s getter (:func:`labkit.experiments.claims.read`): the change the
+    contrast names, on every held-out task (``paired``) or the ones no trained-on reference
+    solves (``paired_clean``), and the start's level on that condition (for relative sizes)."""
+    gen, what = c.variant.split("|", 1)
+    if what in CONTRASTS:
+        return results.get("contrasts", {}).get(gen, {}).get(what) if key == "paired" else \
+            results.get("contrasts_clean", {}).get(gen, {}).get(what), None
+    cond = results.get("generators", {}).get(gen, {}).get(what)
+    if not cond:
+        return None, None
+    return cond.get(f"{key}_change"), cond["start"]["mean"]
+
+
+PRIMARY_KEY = "paired_clean"
+"""The claims are read on the held-out tasks no trained-on reference solves."""
 
 
 @dataclass
@@ -115,11 +174,17 @@ class Config:
     eval_tasks: int = 200
     """Held-out synthetic ``test``-split tasks both generators are evaluated on, paired."""
     eval_seed: int = 0
-    """Seed of the held-out evaluations (``EpisodeConfig.seed``: candidate sampling and the
-    random selector's picks): the same for both generators and every training seed."""
+    """Base of the held-out evaluations' seeds (``EpisodeConfig.seed``: candidate sampling and
+    the random selector's picks): training seed ``s`` evaluates the start and its generators at
+    ``derive_seed(eval_seed, "eval", s)``, so the start's sampling noise differs between seeds
+    and the intervals over seeds cover it."""
+    pass_k: int = 8
+    """pass@k: single-turn candidates per held-out task at ``temperature`` for the start and
+    every generator (:data:`PASS_K`; 0 = off)."""
     replicates: int = 1
     """Evaluation runs per generator and seed (independent sampling, the same tasks); a task's
-    value is its mean over them. They shrink sampling noise; the intervals stay over seeds."""
+    value is its mean over them. They shrink sampling noise; the intervals keep seeds and tasks
+    random."""
     humaneval_tasks: int = 0
     """Bug-injected HumanEval tasks from the test and val splits whose turn-1 prompt fits the
     model's positions (0 = skip). The tiny model's 768 positions leave few that fit."""
@@ -162,8 +227,14 @@ class Config:
     reference; also the backbone of both verifiers."""
     generators: tuple[str, ...] = tuple(GENERATORS)
     """Trained generators (:data:`GENERATORS`): ``expert_iteration`` and its controls."""
-    out: str = str(RESULTS)
-    """Folder of ``mucode.{md,json,html,png}`` (default: the repository's ``docs/results``)."""
+    out: str = DEFAULT_OUT
+    """Folder of ``mucode.{md,json,html,png}``; publishing is explicit: ``out=docs/results``."""
+    allow_code_drift: bool = False
+    """Reuse a seed's cached result made by other code (another commit or other uncommitted
+    changes); off, such a result is refused with one line naming the difference."""
+    smoke: bool = False
+    """A smoke run (``experiment mucode --smoke``, the :data:`SMOKE` budget): its page says its
+    numbers decide nothing."""
     run_root: str = "runs/experiments/mucode"
     """Parent of the per-seed folders ``<run_root>/seed<s>/``: the expert-iteration run
     (``expert_iteration/``: config, metrics, episodes, per-iteration checkpoints) and the
@@ -172,7 +243,7 @@ class Config:
 
 # Settings that do not decide a seed's result (a cached result.json is reused across them).
 # ``batch_size`` is not among them: the decode chunks decide how the random stream is drawn.
-_NOT_IN_RESULT = ("seeds", "out", "threads", "run_root")
+_NOT_IN_RESULT = ("seeds", "out", "threads", "run_root", "allow_code_drift", "smoke")
 
 
 def _fingerprint(cfg: Config, seed: int, weights: str | None = None) -> dict:
@@ -257,16 +328,22 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
     folder = Path(cfg.run_root) / f"seed{seed}"
     cache = folder / "result.json"
     want = _fingerprint(cfg, seed, weights)
+    now = provenance.code_identity()
     if cache.exists():
         old = json.loads(cache.read_text())
         if old.get("fingerprint") == json.loads(json.dumps(want)):
+            why = provenance.drift([old.get("code")], now)
+            if why and not cfg.allow_code_drift:
+                raise provenance.CodeDriftError(
+                    f"{cache}: will not reuse it: {why}; delete it to rerun the seed on this "
+                    "code, or pass allow_code_drift=true")
             print(f"seed {seed}: reusing {cache}", flush=True)
             return old
     folder.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     ecfg = EpisodeConfig(turns=cfg.turns, n_candidates=cfg.n_candidates,
                          temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-                         batch_size=cfg.batch_size, seed=cfg.eval_seed)
+                         batch_size=cfg.batch_size, seed=eval_seed(cfg, seed))
     vcfg = VerifierConfig(backbone=cfg.policy, loss="bt", epochs=cfg.verifier_epochs,
                           max_len=cfg.verifier_max_len)
     runs, rows = {}, {}
@@ -302,6 +379,8 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
         synthetic[name] = _per_task(gen, syn_eval, ecfg, cfg.replicates, SELECTOR_ORDER,
                                     ei.verifier, bce, sandbox)
         timings[f"eval_synthetic_{name}_s"] = round(time.time() - t0, 1)
+        if cfg.pass_k:
+            synthetic[name]["conditions"][PASS_K] = _pass_at_k(gen, syn_eval, ecfg, cfg.pass_k, sandbox)
         c = synthetic[name]["conditions"]
         print(f"  {name}: " + ", ".join(f"{s} {statistics.fmean(c[f'multi-turn, BoN, {s}']):.3f}"
                                         for s in SELECTOR_ORDER), flush=True)
@@ -311,11 +390,27 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
             humaneval[name] = _per_task(gen, he_fit, hcfg, 1, tuple(cfg.humaneval_selectors),
                                         ei.verifier, bce, sandbox)
             timings[f"eval_humaneval_{name}_s"] = round(time.time() - t0, 1)
-    result = {"fingerprint": want, "seed": seed, "runs": rows,
+    result = {"fingerprint": want, "code": now, "cpu": provenance.cpu_model(), "seed": seed,
+              "runs": rows,
               "verifier_heldout_tasks": len(ei.held_out), "synthetic": synthetic,
               "humaneval": humaneval, "timings_s": timings}
     cache.write_text(json.dumps(result, indent=1, default=float))
     return json.loads(cache.read_text())
+
+
+def eval_seed(cfg: Config, seed: int) -> int:
+    """The held-out evaluations' sampling seed of training seed ``seed``."""
+    return derive_seed(cfg.eval_seed, "eval", seed)
+
+
+def _pass_at_k(policy, tasks, ecfg: EpisodeConfig, k: int, sandbox) -> list[float]:
+    """Per task: whether any of ``k`` single-turn candidates at the episodes' temperature
+    passes the hidden tests (0 for a task whose prompt does not fit)."""
+    one = dataclasses.replace(ecfg, turns=1, n_candidates=k, seed=derive_seed(ecfg.seed, "pass_k"))
+    rep = evaluate_bon(policy, tasks, one, ("oracle",), sandbox=sandbox, keep_episodes=True)
+    got = {e.task_id: float(e.fits and bool(e.turns) and any(e.turns[0].hidden_ok))
+           for e in rep["episodes"]}
+    return [got.get(t.task_id, 0.0) for t in tasks]
 
 
 def _levels(per_seed: list[list[float]]) -> dict:
@@ -343,15 +438,18 @@ def summarise(per_seed: dict[int, dict], eval_ids: list[str], leaked: set[str]) 
             delta = {s: [e - b for b, e in zip(start[s], end[s])] for s in seeds}
             generators.setdefault(g, {})[c] = {
                 "start": _levels(list(start.values())), "end": _levels(list(end.values())),
-                "paired_change": stats.paired_change(delta),
-                "paired_clean_change": stats.paired_change({s: [d[i] for i in clean] for s, d in delta.items()})}
-    contrasts = {}
+                "paired_change": stats.paired_change(delta, eval_ids),
+                "paired_clean_change": stats.paired_change(
+                    {s: [d[i] for i in clean] for s, d in delta.items()}, [eval_ids[i] for i in clean])}
+    contrasts, contrasts_clean = {}, {}
     for g in ["start", *gens]:
         for name, (a, b) in CONTRASTS.items():
             cs = {s: per_seed[s]["synthetic"][g]["conditions"] for s in seeds}
             if a in cs[seeds[0]] and b in cs[seeds[0]]:
-                contrasts.setdefault(g, {})[name] = stats.paired_change(
-                    {s: [x - y for x, y in zip(cs[s][a], cs[s][b])] for s in seeds})
+                d = {s: [x - y for x, y in zip(cs[s][a], cs[s][b])] for s in seeds}
+                contrasts.setdefault(g, {})[name] = stats.paired_change(d, eval_ids)
+                contrasts_clean.setdefault(g, {})[name] = stats.paired_change(
+                    {s: [v[i] for i in clean] for s, v in d.items()}, [eval_ids[i] for i in clean])
     ranking = {}
     for g in ["start", *gens]:
         for v in ("bt", "bce"):
@@ -362,37 +460,45 @@ def summarise(per_seed: dict[int, dict], eval_ids: list[str], leaked: set[str]) 
                 m, ci = stats.t_interval(vals) if vals else (float("nan"), None)
                 ranking.setdefault(g, {}).setdefault(v, {})[k] = {"mean": m, "ci95": ci,
                                                                   "seeds": len(vals)}
-    return {"generators": generators, "contrasts": contrasts, "verifier_ranking": ranking,
-            "clean_tasks": len(clean)}
+    return {"generators": generators, "contrasts": contrasts, "contrasts_clean": contrasts_clean,
+            "verifier_ranking": ranking, "clean_tasks": len(clean)}
 
 
-HEADLINE = "single-turn, N=1"
-"""The condition the relabelling controls are read on: one sample, one turn."""
+HEADLINE = "multi-turn, N=1 (random pick)"
+"""The condition the relabelling split is read on: one candidate a turn, with feedback turns."""
 
 
-def controls(summary: dict) -> dict:
-    """Two ``controls`` records (:func:`labkit.experiments.stats.controls`). ``selection``:
-    can the harness see a better Best-of-N selector? positive = the oracle selector (hidden
-    tests) minus random, the claim = the learned verifier minus random (single turn, start
-    model). ``relabelling``: can it see better relabelling? positive = correct experts only
-    (``ei_oracle``) minus the start, negative = the start model's own correct samples
-    (``sft_self``) minus the start, the claim = expert iteration minus the start
-    (:data:`HEADLINE`)."""
-    c = summary["contrasts"].get("start", {})
-    out = {"selection": stats.controls(c.get("BoN: oracle - random (single-turn)"), None,
-                                       c.get("BoN: verifier - random (single-turn)"))}
+def analysis(summary: dict, key: str = "paired_clean") -> dict:
+    """What the page reads beside its claims (exploratory): ``drop``, expert iteration's change
+    from the start split by what it relabels with (:func:`_split_drop`), and ``multi_turn``, the
+    start model's gain from feedback turns (can multi-turn repair be tested on it?)."""
     g = summary["generators"]
 
     def change(name):
-        return g.get(name, {}).get(HEADLINE, {}).get("paired_change")
+        return g.get(name, {}).get(HEADLINE, {}).get(f"{key}_change")
 
-    out["relabelling"] = stats.controls(change("ei_oracle"), change("sft_self"),
-                                        change("expert_iteration"))
-    out["drop"] = _split_drop(change)
-    turns = c.get("turns: multi-turn - single-turn (random)")
-    out["multi_turn"] = {"gain": stats.compact(turns), "testable": bool(turns and stats.shown(turns)
-                                                                           and turns["mean"] > 0)}
-    return out
+    turns = summary["contrasts"].get("start", {}).get("turns: multi-turn - single-turn (random)")
+    return {"drop": _split_drop(change),
+            "multi_turn": {"gain": stats.compact(turns),
+                           "testable": bool(turns and stats.shown(turns) and turns["mean"] > 0)}}
+
+
+def restat(results: dict) -> dict:
+    """Every change computed again from its per-task data with this code's statistics; the
+    claims and the analysis read again (nothing is evaluated)."""
+    for table in ("generators", "contrasts", "contrasts_clean"):
+        for conds in results.get(table, {}).values():
+            for name, rec in conds.items():
+                if table == "generators":
+                    for k in ("paired_change", "paired_clean_change"):
+                        if rec.get(k):
+                            rec[k] = stats.paired_change(rec[k]["per_task"], rec[k].get("task_ids"))
+                elif rec and "per_task" in rec:
+                    conds[name] = stats.paired_change(rec["per_task"], rec.get("task_ids"))
+    results.pop("controls", None)
+    results["analysis"] = analysis(results)
+    results["primary"] = claims.read(results, PRIMARY, PRIMARY_KEY, getter=_change)
+    return results
 
 
 def _split_drop(change) -> dict:
@@ -452,24 +558,23 @@ def run(cfg: Config) -> Path:
                   "humaneval_total_test_val": he_total, "humaneval_fit": he_n_fit,
                   "humaneval_run": len(he_fit), "humaneval_ids": [t.task_id for t in he_fit]},
         **{k: v for k, v in summary.items() if k != "clean_tasks"},
-        "controls": controls(summary),
+        "analysis": analysis(summary),
         "training": {str(s): r["runs"] for s, r in per_seed.items()},
         "timings_s": {"per_seed_s": {str(s): round(sum(r["timings_s"].values()), 1)
                                      for s, r in per_seed.items()}},
         "paper": PAPER,
     }
+    codes = {provenance.label(r.get("code")) for r in per_seed.values()}
+    results["provenance"] = {
+        "code": provenance.label(provenance.code_identity()), "runs": sorted(codes),
+        "clean_single_commit": len(codes) == 1 and not any(c == "unknown" or "+dirty" in c for c in codes),
+        "allow_code_drift": cfg.allow_code_drift}
+    results["primary"] = claims.read(results, PRIMARY, PRIMARY_KEY, getter=_change)
     return pages.write_page(results, cfg.out, render, figure)
 
 
 def _command(cfg: Config) -> str:
-    import shlex
-
-    default = Config()
-    parts = ["python -m labkit experiment mucode"]
-    for f in dataclasses.fields(cfg):
-        if getattr(cfg, f.name) != getattr(default, f.name):
-            parts.append("--set " + shlex.quote(f"{f.name}={_yaml_value(getattr(cfg, f.name))}"))
-    return " ".join(parts)
+    return command("mucode", cfg)
 
 
 def figure(r: dict, out: Path):
@@ -491,6 +596,21 @@ def figure(r: dict, out: Path):
     return pages.save_figure(fig, out, "mucode", width=1000, height=550)
 
 
+def _family(r: dict) -> dict[str, dict]:
+    """The page's exploratory contrasts as one Holm family: every generator's change on every
+    condition and every contrast within a generator, on all held-out tasks."""
+    rows = [(f"{g}: {c}", v["paired_change"]) for g, conds in r["generators"].items()
+            for c, v in conds.items()]
+    rows += [(f"{g}: {n}", ch) for g, cs in r["contrasts"].items() for n, ch in cs.items() if ch]
+    return {x["label"]: x for x in claims.exploratory(rows)}
+
+
+def _holm(row) -> str:
+    if not row or row.get("p_holm") is None:
+        return "n/a"
+    return f"Holm p {row['p_holm']:.3f}" + (", shown" if row["shown"] else "")
+
+
 def _verdict_points(change) -> str:
     """:func:`labkit.experiments.stats.verdict` with the detectable difference in points."""
     mde = change.get("mde")
@@ -507,7 +627,8 @@ def _pts(change) -> str:
 
 def render(r: dict) -> str:
     """The page of a mucode results JSON."""
-    st, t, ctl = r["setting"], r["tasks"], r["controls"]
+    st, t = r["setting"], r["tasks"]
+    an = r.get("analysis") or {}
     what = (f"Expert iteration from `{st['model']}` on {st['train_problems']} synthetic problems of "
             f"the `{st['train_split']}` templates x {st['rollouts_per_task']} rollouts x {st['turns']} "
             f"turns, {st['iterations']} iterations of {st['sft_steps']} SFT steps, one run per "
@@ -517,53 +638,44 @@ def render(r: dict) -> str:
             "`sft_self` (the same fine-tune on the model's own correct samples, no relabelling). "
             f"Evaluation, paired: {st['eval_tasks']} held-out `test` tasks, N = {st['n_candidates']} "
             f"candidates a turn, T = {st['turns']} turns, temperature {st['temperature']}; the "
-            "`oracle` selector reads the hidden tests (the ceiling of selection).")
-    lines = ["# muCODE on the tiny model: expert iteration, a learned verifier, Best-of-N", "",
-             what, "", f"Rerun: `{r['command']}`", "",
-             f"Model `{st['model']}` (weights sha256 `{st['model_sha256']}`), code "
-             f"`{(r.get('code_commit') or 'unknown')[:12]}`, training seeds {st['seeds']}. Changes "
-             "in points of pass rate; intervals 95% t over training seeds.", "",
-             "## Could this testbed see the effects?", "", "### Selecting among N candidates", "",
-             *pages.controls_lines(ctl["selection"], positive="oracle selector - random (single turn)",
-                                   negative=None, claim="learned verifier - random (single turn)",
-                                   unable="this harness cannot see a better selector"),
-             "", "### Relabelling", "",
-             *pages.controls_lines(ctl["relabelling"], positive="correct experts only - start",
-                                   negative="own correct samples - start",
-                                   claim="expert iteration - start",
-                                   unable="this harness cannot see better relabelling"), ""]
-    drop = ctl.get("drop") or {}
+            "`oracle` selector reads the hidden tests (the ceiling of selection). Changes are in "
+            "pass-rate units (0.01 = one point).")
+    lines = pages.header(r, "muCODE on the tiny model: expert iteration, a learned verifier, Best-of-N",
+                         what) + pages.primary_lines(r)
+    drop = an.get("drop") or {}
     if drop.get("wrong_labels"):
         parts = [("fine-tuning on correct experts only (`ei_oracle` - start)", drop.get("fine_tune")),
                  ("wrong labels (`expert_iteration` - `ei_oracle`)", drop["wrong_labels"]),
                  ("the public-test filter (`ei_filtered` - `expert_iteration`)", drop.get("filter"))]
-        lines += ["Expert iteration's change from the start on one sample, split by what it "
-                  "relabels with (points, paired by seed and task):", ""]
-        lines += [f"- {what}: {_pts(ch)}, " + (_verdict_points(ch) if ch else "n/a")
+        lines += ["## Expert iteration's change, split by what it relabels with (exploratory)", "",
+                  f"On `{HEADLINE}`, the tasks no trained-on reference solves, paired by seed and task:", ""]
+        lines += [f"- {what}: {_pts(ch)} points, " + (_verdict_points(ch) if ch else "n/a")
                   for what, ch in parts]
         lines.append("")
-    gain = ctl["multi_turn"]["gain"]
-    lines += ["### Multi-turn repair", "",
-              f"Multi-turn minus single-turn for the starting model (random pick): {_pts(gain)} points, "
-              + (stats.verdict(gain) if gain else "n/a") + ". "
-              + ("The model uses the feedback turn." if ctl["multi_turn"]["testable"] else
-                 "The starting model does not improve on a second turn with feedback (its SFT data "
-                 "held no feedback turn), so multi-turn repair cannot be tested on this model."), "",
-              "## Held-out pass rate: change from the starting model (points)", "",
+    gain = (an.get("multi_turn") or {}).get("gain")
+    if gain is not None:
+        lines += ["## Multi-turn repair", "",
+                  f"Multi-turn minus single-turn for the starting model (random pick): {_pts(gain)} points, "
+                  + _verdict_points(gain) + ". "
+                  + ("The model uses the feedback turn." if an["multi_turn"]["testable"] else
+                     "The starting model does not improve on a second turn with feedback, so "
+                     "multi-turn repair cannot be tested on this model."), ""]
+    holm = _family(r)
+    lines += ["## Held-out pass rate: change from the starting model (exploratory, points)", "",
+              "Each cell: the change with its 95% interval, then Holm's adjusted p over the page.", "",
               "| condition | start | " + " | ".join(r["generators"]) + " |",
               "|---|---|" + "---|" * len(r["generators"])]
     first = next(iter(r["generators"].values()))
     for c in first:
-        cells = []
-        for g in r["generators"]:
-            ch = r["generators"][g][c]["paired_change"]
-            cells.append(f"{_pts(ch)}{'' if stats.shown(ch) else ' (n.s.)'}")
+        cells = [f"{_pts(r['generators'][g][c]['paired_change'])} ({_holm(holm.get(f'{g}: {c}'))})"
+                 for g in r["generators"]]
         lines.append(f"| {c} | {100 * first[c]['start']['mean']:.1f} | " + " | ".join(cells) + " |")
-    lines += ["", "(n.s.: not significant over seeds.)", "", "## Contrasts within a generator (points)", "",
+    lines += ["", "## Contrasts within a generator (exploratory, points)", "",
               "| contrast | " + " | ".join(r["contrasts"]) + " |", "|---|" + "---|" * len(r["contrasts"])]
     names = list(next(iter(r["contrasts"].values())))
     for n in names:
-        lines.append(f"| {n} | " + " | ".join(f"{_pts(r['contrasts'][g].get(n))}" for g in r["contrasts"]) + " |")
+        lines.append(f"| {n} | " + " | ".join(
+            f"{_pts(r['contrasts'][g].get(n))} ({_holm(holm.get(f'{g}: {n}'))})" for g in r["contrasts"]) + " |")
     lines += ["", "## What expert iteration taught", "",
               "| generator | seed | expert passes the hidden tests (last iteration) | SFT pairs |",
               "|---|---|---|---|"]

@@ -33,7 +33,7 @@ from labkit.env.overlap import ReferencePool
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit.experiments import stats
-from labkit.experiments.config import ExperimentConfig
+from labkit.experiments.config import ExperimentConfig, ReuseError
 from labkit.loops.trainer import TrainConfig, latest_checkpoint
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import load_policy, weights_fingerprint
@@ -204,6 +204,10 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
     (``paired_trained``). Returns the raw paired evaluation of ``split``."""
     recorded = results.get("recorded", {}).get("methods", ())  # their changes came with them
     methods = methods or [m for m in results["methods"] if m not in recorded]
+    blocks = results.get("recorded", {}).pop("paired", {})
+    if not methods:  # every method came from a record: its evaluations stand, nothing to pair
+        results.update(blocks)
+        return {}
     tasks = paired_list(exp)
     proto = Protocol.of(exp)
     runs = [(s["seed"], s["run_dir"]) for m in methods for s in results["methods"][m]["seeds"]]
@@ -221,12 +225,85 @@ def add_paired(results: dict, exp: ExperimentConfig, methods: list[str] | None =
             trained = trained_template_tasks(exp)
             _changes(results, methods, paired_eval(runs, trained, proto, cache), "paired_trained")
     results["paired"]["protocol"] = pe["protocol"]
+    samples = len(tasks) * (proto.k + proto.pass_k) * (len({s for s, _ in runs}) + len(runs))
+    results["paired"]["samples"] = samples
+    if exp.screen_tasks:
+        add_screened(results, exp, methods, runs, cache)
     return pe
 
 
+def add_screened(results: dict, exp: ExperimentConfig, methods: list[str], runs: list,
+                 cache: Path) -> None:
+    """The lower-noise evaluation (``paired_screened``): held-out tasks the start policy neither
+    always nor never passes, more samples per task, and the screen's reading as a control
+    variate.
+
+    1. Screen: ``exp.screen_pool`` held-out tasks of ``exp.split`` (at most
+       ``exp.screen_per_template`` per template; without the ones a trained-on reference solves
+       when training used other templates), the start policy sampled ``exp.screen_k`` times per
+       task at the evaluation temperature with a sampling seed of its own (``screen``); a task
+       is kept when its pass rate ``x_i`` lies in ``exp.screen_range``, the first
+       ``exp.screen_tasks`` of them.
+    2. Evaluate start and ends on the kept tasks as the paired protocol does, with
+       ``exp.screen_eval_k`` samples per task (pass@1 only).
+    3. Adjust: ``d'_si = d_si - beta (x_i - mean x)``, ``beta`` the slope of the tasks' mean
+       change on ``x`` (:func:`control_variate`). ``x`` comes from another sampling seed than
+       ``d``, so the adjustment removes task-to-task variation without bias; the analysis is
+       the usual one on ``d'``.
+
+    The screened list is another population (tasks whose outcome the start leaves open): its
+    change answers "on tasks where there is room", at a cost in samples the page states beside
+    the standard evaluation's (``samples``)."""
+    pool = held_out_tasks(exp.screen_pool, exp.split, exp.task_seed, exp.n_bugs, exp.multi_hunk,
+                          exp.screen_per_template)
+    if exp.train_split != "train":
+        leaked = leaked_task_ids(exp, pool)
+        pool = [t for t in pool if t.task_id not in leaked]
+    proto = Protocol.of(exp)
+    first = Path(runs[0][1])
+    start_id = "start:" + weights_fingerprint(
+        from_dict(TrainConfig, json.loads((first / "config.json").read_text())).policy.spec)
+    ids = [t.task_id for t in pool]
+    seed = derive_seed(exp.paired_eval_seed, "screen")
+    with Sandbox() as sandbox:
+        correct = _correct(lambda: policy_at(first, 0), pool, exp.screen_k, proto.temperature, seed,
+                           proto, cache / cache_name("screen", ids, who=start_id, k=exp.screen_k,
+                                                     t=proto.temperature, seed=seed,
+                                                     chunks=proto.parallel_chunks), sandbox)
+    low, high = exp.screen_range
+    rate = {t.task_id: c / exp.screen_k for t, c in zip(pool, correct)}
+    kept = [t for t in pool if low <= rate[t.task_id] <= high][:exp.screen_tasks]
+    if len(kept) < 2:
+        raise ValueError(f"the screen kept {len(kept)} of {len(pool)} held-out tasks; widen "
+                         "screen_range or raise screen_pool")
+    sproto = dataclasses.replace(proto, k=exp.screen_eval_k, pass_k=0)
+    pe = paired_eval(runs, kept, sproto, cache)
+    x = [rate[t.task_id] for t in kept]
+    _changes(results, methods, pe, "paired_screened", covariate=x)
+    n_evals = len({s for s, _ in runs}) + len(runs)
+    results["paired_screened"].update(
+        protocol=pe["protocol"], pool=len(pool), screen_k=exp.screen_k, range=list(exp.screen_range),
+        covariate=x, samples=len(pool) * exp.screen_k + len(kept) * exp.screen_eval_k * n_evals,
+        samples_pass_at_1_standard=results["paired"]["tasks"] * proto.k * n_evals)
+
+
+def control_variate(per_seed: dict, x: Sequence[float]) -> tuple[dict, float]:
+    """Per-task changes ``d_si`` adjusted by a per-task covariate measured independently:
+    ``d'_si = d_si - beta (x_i - mean(x))``, ``beta = sum_i (x_i - mean x)(dbar_i - mean dbar) /
+    sum_i (x_i - mean x)^2`` with ``dbar_i`` the task's mean change over seeds (0 when ``x`` does
+    not vary). Returns the adjusted changes and ``beta``."""
+    xm = statistics.fmean(x)
+    task_means = [statistics.fmean(col) for col in zip(*per_seed.values())]
+    dm = statistics.fmean(task_means)
+    sxx = sum((xi - xm) ** 2 for xi in x)
+    beta = (sum((xi - xm) * (d - dm) for xi, d in zip(x, task_means)) / sxx) if sxx > 0 else 0.0
+    return {s: [d - beta * (xi - xm) for d, xi in zip(v, x)] for s, v in per_seed.items()}, beta
+
+
 def _changes(results: dict, methods: list[str], pe: dict, key: str,
-             keep: list[int] | None = None) -> None:
-    """Each method's paired changes under ``key`` (only the task indices ``keep``)."""
+             keep: list[int] | None = None, covariate: Sequence[float] | None = None) -> None:
+    """Each method's paired changes under ``key`` (only the task indices ``keep``; adjusted by
+    ``covariate``, one value per task, with :func:`control_variate`)."""
     idx = list(range(len(pe["task_ids"]))) if keep is None else keep
     pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
     readings = [r for r in READINGS if r in next(iter(pe["start"].values()))]
@@ -241,13 +318,16 @@ def _changes(results: dict, methods: list[str], pe: dict, key: str,
                 per_seed[s["seed"]] = [b - a for a, b in zip(start, end)]
                 ends[str(s["seed"])] = statistics.fmean(end)
             prefix = key if reading == "pass_at_1" else key.replace("paired", READINGS[reading], 1)
-            res[f"{prefix}_change"] = stats.paired_change(per_seed)
+            if covariate is not None:
+                per_seed, beta = control_variate(per_seed, covariate)
+                res[f"{prefix}_beta"] = beta
+            res[f"{prefix}_change"] = stats.paired_change(per_seed, [pe["task_ids"][i] for i in idx])
             res[f"{prefix}_end"] = ends
     results[key] = {"tasks": len(idx), "start": {r: starts[r] for r in readings},
                     "start_mean": {r: statistics.fmean(starts[r].values()) for r in readings}}
     theirs = results.get("recorded", {}).get("start", {}).get(key)  # each seed's mean
     if theirs is not None and theirs != results[key]["start"]:
-        raise ValueError(f"{key}: the start policy reads {results[key]['start']} here and "
+        raise ReuseError(f"{key}: the start policy reads {results[key]['start']} here and "
                          f"{theirs} in {results['recorded']['from']}: the recorded methods' changes "
                          "would not pair with the new ones (another machine or code samples "
                          "differently); rerun every method, without reuse_recorded")
@@ -296,7 +376,8 @@ def task_interval(start: Sequence[float], end: Sequence[float], n_boot: int = st
             "tasks": len(d), "improved": sum(x > 0 for x in d), "worsened": sum(x < 0 for x in d)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser():
+    """The ``paired`` command's argument parser (the reference lists its flags)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m labkit paired", description=__doc__.split("\n\n")[0])
@@ -305,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="samples per task for pass@1")
     p.add_argument("--pass-k", type=int, default=0, help="pass@k at the runs' training temperature")
     p.add_argument("--out", default=None, help="JSON file for the per-task readings")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     cfgs = [from_dict(TrainConfig, json.loads((Path(d) / "config.json").read_text())) for d in a.runs]
     proto = Protocol(k=a.k, pass_k=a.pass_k, train_temperature=cfgs[0].sampling.temperature)
     res = paired_eval([(c.seed, d) for c, d in zip(cfgs, a.runs)], held_out_tasks(a.tasks), proto)

@@ -15,9 +15,12 @@ templates the starting policy rarely repairs (``templates``; most groups start a
   never bind under GRPO and are left out;
 * ``full-<component>``: ``reshaped_full`` with one component switched off (leave one out).
 
-**Positive control**: ``raw_grpo_dense``, raw GRPO told the fraction of hidden tests on the
-same mix, against ``raw_grpo`` under ``binary``: a denser signal should learn faster. If even
-that is not shown, the harness cannot see reward-shaping effects of this size.
+**Positive control**: ``raw_grpo`` against ``raw_grpo_flip30``, raw GRPO told the same
+pass/fail label but wrong 30% of the time (``flipped`` feedback): the clean label is a
+known-better variant of the very same reward, so the harness must see it beat the flipped one
+by at least the claim's smallest detectable effect. (``raw_grpo_dense``, told the fraction of
+hidden tests, is no such control: binary is the evaluation metric and the fraction pays for
+copying the buggy code; it stays as an exploratory row.)
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from pathlib import Path
 
 from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig
 from labkit.env.tasks import load_tasks
-from labkit.experiments import pages, stats
-from labkit.experiments.config import ExperimentConfig, command
+from labkit.experiments import claims, pages
+from labkit.experiments.claims import Contrast
+from labkit.experiments.config import ExperimentConfig, code_commit, command
 from labkit.experiments.paired import add_paired
 from labkit.experiments.runs import run_methods, training_record
 from labkit.policy.evaluate import EvalConfig, evaluate
@@ -53,12 +57,18 @@ LEAVE_ONE_OUT = ("composite", "amplify", "focus", "curriculum")
 """The components of :func:`full_recipe` that act under GRPO, each switched off in turn."""
 
 
-def method_config(method: str) -> tuple[ReshapeConfig, bool, str | None]:
+FLIP_P = 0.3
+"""How often ``raw_grpo_flip30``'s pass/fail label is wrong."""
+
+
+def method_config(method: str) -> tuple[ReshapeConfig, bool, dict | None]:
     """``(recipe, curriculum, feedback override)`` of a method name."""
     if method == "raw_grpo":
         return RECIPES["raw"](), False, None
     if method == "raw_grpo_dense":
-        return RECIPES["raw"](), False, "dense"
+        return RECIPES["raw"](), False, {"mode": "dense"}
+    if method == "raw_grpo_flip30":
+        return RECIPES["raw"](), False, {"mode": "flipped", "noise_p": FLIP_P}
     if method == "reshaped_grpo":
         return RECIPES["reshaped_grpo"](), False, None
     if method == "reshaped_full":
@@ -68,8 +78,9 @@ def method_config(method: str) -> tuple[ReshapeConfig, bool, str | None]:
         if off == "curriculum":
             return full_recipe(), False, None
         return dataclasses.replace(full_recipe(), **COMPONENT_OFF[off]), True, None
-    raise ValueError(f"unknown reshaping method {method!r}; choose raw_grpo, raw_grpo_dense, "
-                     f"reshaped_grpo, reshaped_full or full-<{'|'.join(LEAVE_ONE_OUT)}>")
+    raise ValueError(f"unknown reshaping method {method!r}; choose raw_grpo, raw_grpo_flip30, "
+                     f"raw_grpo_dense, reshaped_grpo, reshaped_full or "
+                     f"full-<{'|'.join(LEAVE_ONE_OUT)}>")
 
 
 @dataclass
@@ -89,9 +100,10 @@ class Config(ExperimentConfig):
     than training's; ``docs/results/sparse_mix.json``)."""
     train_problems: int = 3000
     """Problems generated of ``train_split`` before keeping ``templates``."""
-    methods: tuple[str, ...] = ("raw_grpo", "raw_grpo_dense", "reshaped_grpo", "reshaped_full",
-                                "full-composite", "full-amplify", "full-focus", "full-curriculum")
-    """Methods (:func:`method_config`), every one on every seed."""
+    methods: tuple[str, ...] = ("raw_grpo", "reshaped_full", "raw_grpo_flip30", "raw_grpo_dense")
+    """Methods (:func:`method_config`), every one on every seed: the claim's two, the positive
+    control's flipped labels, and the dense signal (exploratory). The leave-one-out rows
+    ``full-<component>`` and the composite alone (``reshaped_grpo``) are there to add."""
     steps: int = 40
     """Policy updates per run."""
     eval_tasks: int = 64
@@ -103,12 +115,36 @@ class Config(ExperimentConfig):
 def _configure(method: str, cfg) -> None:
     recipe, curriculum, feedback = method_config(method)
     cfg.reshape, cfg.curriculum = recipe, curriculum
-    if feedback:
-        cfg.feedback.mode = feedback
+    for k, v in (feedback or {}).items():
+        setattr(cfg.feedback, k, v)
 
 
 def _make(method: str):
     return lambda: method_config(method)[0]
+
+
+BLOG_RELATIVE_GAIN = 0.35
+"""The seed blog's claim: reshaped GRPO +35% relative over raw-reward GRPO."""
+
+PRIMARY = (
+    Contrast("full recipe - raw GRPO", "claim", "reshaped_full", "raw_grpo", +1,
+             relative=BLOG_RELATIVE_GAIN,
+             source="the seed blog on signal reshaping for GRPO under weak feedback: +35% over "
+                    "raw-reward GRPO (relative; here on raw GRPO's end pass@1)"),
+    Contrast("clean - 30%-flipped pass/fail labels, raw GRPO", "positive", "raw_grpo",
+             "raw_grpo_flip30", +1),
+)
+"""The claim and its signed positive control, named before the run."""
+
+SMOKE = {"seeds": (0, 1), "steps": 1, "tasks_per_step": 1, "group_size": 2, "eval_every": 1,
+         "eval_tasks": 2, "eval_k": 1, "train_problems": 60, "paired_tasks": 4, "paired_k": 1,
+         "paired_pass_k": 2, "paired_per_template": 0, "paired_trained": False}
+"""``--smoke``: every default method, two seeds, one step each."""
+
+
+def restat(results: dict) -> dict:
+    """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
+    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
 
 
 def run(exp: Config) -> Path:
@@ -120,7 +156,7 @@ def run(exp: Config) -> Path:
     training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["controls"] = controls(results)
+        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp.train_split))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 
@@ -131,62 +167,35 @@ def _with_templates(exp: Config):
     return configure
 
 
-def controls(results: dict, key: str = "paired") -> dict | None:
-    """Positive control: ``raw_grpo_dense - raw_grpo``; the claim: ``reshaped_full -
-    raw_grpo`` (:func:`labkit.experiments.stats.controls`)."""
-    m = results["methods"]
-    base = m.get("raw_grpo", {}).get(f"{key}_change")
-    if not base:
-        return None
-
-    def diff(name):
-        c = m.get(name, {}).get(f"{key}_change")
-        return stats.difference(base, c) if c else None
-
-    return stats.controls(diff("raw_grpo_dense"), None, diff("reshaped_full"))
-
-
 def _pairs(results: dict) -> list[tuple[str, str]]:
+    """The method-against-method rows (the primary ones among them are read above)."""
     names = list(results["methods"])
-    out = [("raw_grpo", m) for m in names if m != "raw_grpo"]
+    out = [("raw_grpo", m) for m in names if m not in ("raw_grpo", "raw_grpo_flip30")]
+    out += [("raw_grpo_flip30", "raw_grpo")] if "raw_grpo_flip30" in names else []
     out += [("reshaped_full", m) for m in names if m.startswith("full-")]
     return out
-
-
-BLOG_RELATIVE_GAIN = 0.35
-"""The seed blog's claim: reshaped GRPO +35% relative over raw-reward GRPO."""
 
 
 def render(results: dict) -> str:
     """The page of a reshaping results JSON."""
     c, s = results["config"], results["setting"]
     what = (f"Every method: `{s['model']}`, {s['steps']} steps of {s['batch']} at T = "
-            f"{c['temperature']}, lr {s['lr']}, KL 0.01 (k3); `{c['feedback']}` feedback (pass/fail "
-            f"only) except the positive control (`dense`); trained on {c['n_bugs']}-bug tasks of the "
-            f"`{s['train_split']}` templates {', '.join(f'`{t}`' for t in c['templates'])} (the sparse "
-            f"mix), held out: `{s['split']}`, always graded on the hidden tests. `reshaped_full`: the "
-            "composite reward, piecewise amplification, a focus threshold and the curriculum; "
-            "`full-<x>`: without x.")
-    lines = pages.header(results, TITLE, what)
-    ctl = results.get("controls")
-    if ctl:
-        lines += ["## Could this testbed see the effect?", "", *pages.controls_lines(
-            ctl, positive="dense - binary feedback, raw GRPO", negative=None,
-            claim="the full recipe - raw GRPO (binary)",
-            unable="this harness cannot see reward-shaping effects of this size"), ""]
-        claim = ctl.get("claim")
-        start = results.get("paired", {}).get("start_mean", {}).get("pass_at_1")
-        if claim and start is not None and "raw_grpo" in results["methods"]:
-            raw_end = start + results["methods"]["raw_grpo"]["paired_change"]["mean"]
-            rel = (raw_end + claim["mean"]) / raw_end - 1 if raw_end > 0 else None
-            if rel is not None:
-                lines += [f"End pass@1 of the full recipe relative to raw GRPO: {rel:+.1%} "
-                          f"(the blog claims {BLOG_RELATIVE_GAIN:+.0%}).", ""]
-    lines += ["## Paired change", ""]
-    for key in ("paired", "paired_clean", "paired_trained"):
-        lines += pages.paired_lines(results, key)
-    lines += pages.difference_lines(results, _pairs(results), "paired")
-    lines += pages.difference_lines(results, _pairs(results), "paired_trained")
+            f"{c['temperature']}, {pages.optim_text(results, 'raw_grpo')}; `{c['feedback']}` feedback "
+            f"(pass/fail only) except `raw_grpo_flip30` (the same label, wrong with probability "
+            f"{FLIP_P}) and `raw_grpo_dense` (the fraction of hidden tests); trained on "
+            f"{c['n_bugs']}-bug tasks of the `{s['train_split']}` templates "
+            f"{', '.join(f'`{t}`' for t in c['templates'])} (the sparse mix), held out: "
+            f"`{s['split']}`, always graded on the hidden tests. `reshaped_full`: the composite "
+            "reward, piecewise amplification, a focus threshold and the curriculum; `full-<x>`: "
+            "without x.")
+    lines = pages.header(results, TITLE, what) + pages.primary_lines(results)
+    pairs = _pairs(results)
+    holm = pages.family(results, pairs)
+    lines += ["## Paired change (exploratory)", ""]
+    for key in pages.PAIRED_KEYS:
+        lines += pages.paired_lines(results, key, holm=holm)
+    for key in pages.PAIRED_KEYS:
+        lines += pages.difference_lines(results, pairs, key, holm=holm)
     lines += ["## How sparse the signal was", "",
               "Per method, over its runs' steps: the share of groups whose rewards were all equal "
               "(no advantage at all), the mean abs(A) per token and the gradient norm.", "",
@@ -218,7 +227,12 @@ def template_pass_rates(out: str | Path | None = None, split: str = "val", n: in
         by[t.meta["template"]].append(p["pass_at_1"])
     rates = {t: {"tasks": len(v), "pass_at_1": sum(v) / len(v)}
              for t, v in sorted(by.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))}
+    args = {"split": split, "n": n, "task_seed": task_seed, "k": k, "temperature": temperature,
+            "sample_seed": sample_seed, "policy": policy}
     rec = {"what": "start pass@1 of two-bug tasks per template (the sparse mix's choice)",
+           "command": ("python -c \"from labkit.experiments.reshaping import template_pass_rates as t; "
+                       f"t('docs/results', **{args!r})\""),
+           "code_commit": code_commit(),
            "model_sha256": weights_fingerprint(policy), "split": split, "n": n, "task_seed": task_seed,
            "k": k, "temperature": temperature, "sample_seed": sample_seed, "overall": rep["pass_at_1"],
            "templates": rates}

@@ -1,10 +1,13 @@
 """Training every method of an experiment on every seed, reusing what is already done.
 
 :func:`run_methods` trains method x seed runs into ``<run_root>/<experiment>/<method>/seed<s>``.
-A finished run of the same config and starting weights is reused, an interrupted one resumes
-from its last checkpoint (a run killed at any point continues exactly, ``Trainer.resume``), and
-anything else in the folder is moved aside, never overwritten. :func:`summarise_run` reads a
-run folder into the per-seed record a results file keeps.
+A finished run of the same config, starting weights and code is reused, an interrupted one
+resumes from its last checkpoint (a run killed at any point continues exactly,
+``Trainer.resume``), and a folder holding another config or model is moved aside, never
+overwritten. A run of other code (:mod:`labkit.provenance`: another commit, other uncommitted
+changes) is refused with one line naming the difference, unless ``allow_code_drift``.
+:func:`summarise_run` reads a run folder into the per-seed record a results file keeps (with
+the code it was trained by).
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import statistics
 import time
 from pathlib import Path
 
+from labkit import provenance
 from labkit.config import to_dict, to_record
 from labkit.experiments import stats
-from labkit.experiments.config import ExperimentConfig, base_train_config, code_commit
+from labkit.experiments.config import ExperimentConfig, ReuseError, base_train_config
 from labkit.experiments.paired import paired_list
 from labkit.loops.events import RunFolder
 from labkit.loops.trainer import WATCH_FIELDS, TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
+from labkit.provenance import CodeDriftError, record_weights  # noqa: F401 (re-exported)
 
 
 def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
@@ -35,7 +40,9 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
-    recorded, source = recorded_methods(exp, name, weights)
+    now = provenance.code_identity()
+    recorded, source = recorded_methods(exp, name, weights, now)
+    built: dict[str, dict] = {}  # method -> the training config this code gives it
     for method, make in methods.items():
         per_seed = []
         for seed in exp.seeds:
@@ -43,6 +50,7 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
             cfg = base_train_config(exp, seed, run_dir)
             cfg.reshape = make()
             configure(method, cfg)
+            built.setdefault(method, train_config_record(cfg))
             alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
             done = None
             if exp.reuse_finished:
@@ -50,81 +58,137 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
                     done = run_dir
                 elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
                     done = alias
+            if done:
+                provenance.refuse_drift(done, "reuse", exp.allow_code_drift, now)
             if not done and method in recorded:
                 break  # taken from the record unless every seed's run is here
             if done:
-                per_seed.append(summarise_run(done, seed, upto=cfg.steps))
+                per_seed.append(summarise_run(done, seed, upto=cfg.steps, now=now))
                 print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
                       f"{cfg.steps} steps)", flush=True)
                 continue
             t0 = time.time()
             resume = prepare_run_dir(run_dir, cfg, weights=weights)
             tr = Trainer(cfg)
-            record_weights(run_dir, weights)  # and the code that trains it
+            record_weights(run_dir, weights)
             if resume:
-                print(f"{method} seed {seed}: resuming {run_dir} from step {tr.resume()}", flush=True)
+                print(f"{method} seed {seed}: resuming {run_dir} from step "
+                      f"{tr.resume(allow_code_drift=exp.allow_code_drift)}", flush=True)
             tr.train(progress=True)
             tr.close()
-            per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0))
+            per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0, now=now))
             print(f"{method} seed {seed}: held-out pass@1 {per_seed[-1]['pass_at_1_start']:.3f} -> "
                   f"{per_seed[-1]['pass_at_1_end']:.3f} ({per_seed[-1]['wall_s']:.0f} s)", flush=True)
         else:  # every seed found or trained
-            results["methods"][method] = summarise_method(per_seed)
+            results["methods"][method] = {**summarise_method(per_seed), "train_config": built[method]}
             continue
         results["methods"][method] = recorded[method]
         results.setdefault("recorded", {**source, "methods": []})["methods"].append(method)
         print(f"{method}: taken from {exp.reuse_recorded} (its runs are not in {exp.run_root})",
               flush=True)
+    check_recorded_configs(results, built)
     results["setting"] = setting(exp, weights)
     results["seeds"] = list(exp.seeds)
+    results["provenance"] = provenance_record(results, now, exp.allow_code_drift)
     return results
 
 
-NOT_TRAINING = frozenset({"seeds", "out", "run_root", "report_to", "reuse_finished", "reuse_recorded"})
+def train_config_record(cfg: TrainConfig) -> dict:
+    """Every field of a method's training config (KL, clipping, optimiser, sampling,
+    reshaping...) as a results file keeps it: what its seeds share, so without the run folder,
+    the seed and where it is watched."""
+    rec = to_record(cfg)
+    for k in ("run_dir", "seed", *WATCH_FIELDS):
+        rec.pop(k, None)
+    return rec
+
+
+def provenance_record(results: dict, now: dict, allow_code_drift: bool) -> dict:
+    """The results file's account of the code behind its rows: the code that wrote it, every
+    code its runs (and recorded methods) were trained by, whether all of it was one clean
+    commit, and whether ``allow_code_drift`` let other code in (the page's header says so)."""
+    codes = {provenance.label(s.get("code")) for r in results["methods"].values()
+             for s in r.get("seeds", [])}
+    clean = len(codes) == 1 and not any(c == "unknown" or "+dirty" in c for c in codes)
+    return {"code": provenance.label(now), "runs": sorted(codes), "clean_single_commit": clean,
+            "allow_code_drift": bool(allow_code_drift)}
+
+
+NOT_TRAINING = frozenset({"seeds", "out", "run_root", "report_to", "reuse_finished", "reuse_recorded",
+                          "allow_code_drift", "smoke"})
 """Experiment fields that do not change what a method's runs train or how they are read
 (seeds: a record stands for a method only when it holds every seed asked for), beside the
 config's ``METHOD_FIELDS``, which pick the methods."""
 
 
-PAIRED_KEYS = ("paired", "paired_clean", "paired_trained")
+PAIRED_KEYS = ("paired", "paired_clean", "paired_trained", "paired_screened")
 """The paired evaluations a results file may hold (:mod:`labkit.experiments.paired`)."""
 
 
-def recorded_methods(exp: ExperimentConfig, name: str, weights: str) -> tuple[dict[str, dict], dict]:
+def recorded_methods(exp: ExperimentConfig, name: str, weights: str,
+                     now: dict | None = None) -> tuple[dict[str, dict], dict]:
     """The methods of ``exp.reuse_recorded`` (a results JSON) that can stand for runs of
     ``exp``: same experiment, same config apart from :data:`NOT_TRAINING` and the fields that
     pick the methods (``METHOD_FIELDS``; a field the record lacks counts as its default), same
-    starting weights, every seed of ``exp.seeds`` with its per-task paired changes. A record that is not of this setting is an error, not skipped.
+    starting weights, every seed of ``exp.seeds`` with its per-task paired changes, the
+    training config this code builds for the method, and runs of this very code (``now``: a
+    record of another commit, of uncommitted changes or of runs that recorded no code is
+    refused unless ``allow_code_drift``). A record that is not of this setting is an error, not
+    skipped.
 
     Returns those methods' records and where they come from: ``{"from", "command",
-    "code_commit", "start"}``, ``start`` being the record's start readings per paired
+    "code_commit", "start", "paired"}``, ``start`` being the record's start readings per paired
     evaluation, which the new start evaluations must equal for the changes to pair
-    (:func:`labkit.experiments.paired.add_paired` checks)."""
+    (:func:`labkit.experiments.paired.add_paired` checks), ``paired`` its paired evaluations
+    (what a results file holds when every method comes from the record)."""
     if not exp.reuse_recorded:
         return {}, {}
     path = Path(exp.reuse_recorded)
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"reuse_recorded: cannot read {path} ({e}); give a results JSON") from e
+        raise ReuseError(f"reuse_recorded: cannot read {path} ({e}); give a results JSON") from None
     ours, default = to_record(exp), to_record(type(exp)())
     theirs = {**default, **rec.get("config", {})}
     skip = NOT_TRAINING | set(exp.METHOD_FIELDS)
     differ = sorted(k for k in ours if k not in skip
                     and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
     if rec.get("experiment") != name or differ:
-        raise ValueError(f"reuse_recorded: {path} is not a {name!r} run of this config "
+        raise ReuseError(f"reuse_recorded: {path} is not a {name!r} run of this config "
                          f"(differs in {', '.join(differ) or 'experiment'}); drop the option or "
                          "set the fields as recorded")
     if rec.get("setting", {}).get("model_sha256") != weights:
-        raise ValueError(f"reuse_recorded: {path} started from other weights than {exp.policy!r}")
+        raise ReuseError(f"reuse_recorded: {path} started from other weights than {exp.policy!r}")
     want = {str(s) for s in exp.seeds}
     methods = {m: r for m, r in rec["methods"].items()
                if want <= set(r.get("paired_change", {}).get("per_task", {}))}
+    now = now if now is not None else provenance.code_identity()
+    for m, r in methods.items():
+        why = provenance.drift([s.get("code") for s in r.get("seeds", [])] or [None], now)
+        if why and not exp.allow_code_drift:
+            raise CodeDriftError(f"reuse_recorded: {path}, method {m}: {why}; rerun it on this code, "
+                                 "or pass allow_code_drift=true to mix code versions (the page then "
+                                 "says so)")
     source = {"from": exp.reuse_recorded, "command": rec.get("command"),
               "code_commit": rec.get("code_commit"),
-              "start": {k: rec[k]["start"] for k in PAIRED_KEYS if k in rec}}
+              "start": {k: rec[k]["start"] for k in PAIRED_KEYS if k in rec},
+              "paired": {k: rec[k] for k in PAIRED_KEYS if k in rec}}
     return methods, source
+
+
+def check_recorded_configs(results: dict, built: dict[str, dict]) -> None:
+    """Each method taken from a record (``results["recorded"]``) must record the training
+    config this code builds for it (``built``: method -> :func:`train_config_record`)."""
+    for m in results.get("recorded", {}).get("methods", ()):
+        theirs = results["methods"][m].get("train_config")
+        if theirs is None:
+            raise ReuseError(f"reuse_recorded: method {m} records no training config (made before "
+                             "records carried it); rerun it")
+        differ = sorted(k for k in set(theirs) | set(built[m])
+                        if json.dumps(theirs.get(k)) != json.dumps(built[m].get(k)))
+        if differ:
+            raise ReuseError(f"reuse_recorded: method {m} was trained with another config "
+                             f"(differs in {', '.join(differ)}); rerun it")
 
 
 def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
@@ -141,38 +205,12 @@ def setting(exp: ExperimentConfig, weights: str | None = None) -> dict:
                        "per_template": exp.paired_per_template, "eval_seed": exp.paired_eval_seed}}
 
 
-WEIGHTS_FILE = "weights.json"
-"""Beside a run's ``config.json``: the fingerprint of the starting policy's weights
-(:func:`labkit.policy.loading.weights_fingerprint`) and the code commit that trained it. The
-config names the policy (``tiny``), not its weights; when the shipped model is rebuilt, a run
-of the old one must not be reused."""
-
-
-def record_weights(run_dir: str | Path, weights: str) -> None:
-    """Write :data:`WEIGHTS_FILE` into ``run_dir`` (the first commit that trained the run is
-    kept when it resumes under another)."""
-    path = Path(run_dir, WEIGHTS_FILE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        old = {}
-    commits = old.get("code_commits", [])
-    now = code_commit()
-    if now not in commits:
-        commits.append(now)
-    path.write_text(json.dumps({"weights_sha256": weights, "code_commits": commits}) + "\n")
-
-
 def _same_weights(run_dir: Path, weights: str | None) -> bool:
-    """``weights`` is None (not checked), or the run recorded the same fingerprint (a run
-    without a record, from before runs recorded it, counts as another model)."""
+    """``weights`` is None (not checked), or the run recorded the same fingerprint in its
+    ``provenance.json`` (a run without one counts as another model)."""
     if weights is None:
         return True
-    try:
-        return json.loads((run_dir / WEIGHTS_FILE).read_text()).get("weights_sha256") == weights
-    except (OSError, ValueError, AttributeError):
-        return False
+    return (provenance.read(run_dir) or {}).get("weights_sha256") == weights
 
 
 def prepare_run_dir(run_dir: str | Path, cfg: TrainConfig, weights: str | None = None) -> bool:
@@ -257,11 +295,15 @@ def _saved_config(run_dir: Path) -> dict | None:
 
 
 def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,
-                  upto: int | None = None) -> dict:
-    """One finished run folder -> the per-seed record of a report. Without ``wall_s`` the
-    wall time is the sum of the logged step and evaluation times. ``upto``: read only the
-    first ``upto`` steps (see :func:`finished_run`'s ``prefix``)."""
+                  upto: int | None = None, now: dict | None = None) -> dict:
+    """One finished run folder -> the per-seed record of a report: the readings, and the code
+    and CPU it was trained by (``code``; ``code_drift``: what separates it from ``now``, the
+    code writing the report, when they differ). Without ``wall_s`` the wall time is the sum of
+    the logged step and evaluation times. ``upto``: read only the first ``upto`` steps (see
+    :func:`finished_run`'s ``prefix``)."""
     run = RunFolder(run_dir)
+    prov = provenance.read(run_dir) or {}
+    started = prov.get("started") or {}
     evals, steps = run.read("eval.jsonl"), run.read("metrics.jsonl")
     if upto is not None:
         evals = [e for e in evals if e["step"] <= upto]
@@ -276,6 +318,8 @@ def summarise_run(run_dir: str | Path, seed: int, wall_s: float | None = None,
         "pass_at_1_start": evals[0]["eval/pass_at_1"], "pass_at_1_end": evals[-1]["eval/pass_at_1"],
         "curve": [[e["step"], e["eval/pass_at_1"]] for e in evals],
         "train_reward_first": steps[0]["reward/mean"], "train_reward_last": steps[-1]["reward/mean"],
+        "code": started.get("code"), "cpu": started.get("cpu"),
+        "code_drift": provenance.drift(provenance.identities(prov or None), now) if now else None,
     }
 
 

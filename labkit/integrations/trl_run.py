@@ -29,10 +29,11 @@ from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig
 
+from labkit import provenance
 from labkit.env.records import RepairTask
 from labkit.env.tasks import load_tasks
 from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
-from labkit.policy.loading import TINY_DIR
+from labkit.policy.loading import TINY_DIR, weights_fingerprint
 
 #: The line :func:`fixed_completion` adds as a stray edit.
 STRAY_LINE = "CHECKED = True"
@@ -108,8 +109,23 @@ def _dump_rows(trainer, reward, step: int) -> dict:
             "components": [dict(x) for x in last["components"]]}
 
 
+def command(argv: list[str], processes: int) -> str:
+    """The command line that reruns this script with ``argv`` on ``processes`` processes (the
+    documented CPU launch for more than one)."""
+    import shlex
+
+    script = "-m labkit.integrations.trl_run " + " ".join(shlex.quote(a) for a in argv)
+    if processes == 1:
+        return f"python {script}"
+    return (f"accelerate launch --multi_gpu --num_processes {processes} --num_machines 1 "
+            f"--mixed_precision no --dynamo_backend no {script}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Train, write ``record.json`` (process 0), return the record."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     state = PartialState(cpu=not torch.cuda.is_available())
     rows = args.prompts * args.group
@@ -153,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
     wall = time.perf_counter() - t0
     steps = [r for r in trainer.state.log_history if "didpo/gather_bytes" in r]
     record = {
+        "command": command(argv, state.num_processes),
+        "code_commit": provenance.label(provenance.code_identity()),
+        "model_sha256": weights_fingerprint(model_dir), "cpu": provenance.cpu_model(),
         "processes": state.num_processes, "backend": str(state.backend),
         "device": str(state.device), "rows_per_process": rows // state.num_processes,
         "group": args.group, "prompts": args.prompts, "steps": args.steps,

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from labkit import provenance
+
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt; the message names the file."""
@@ -23,6 +25,25 @@ class CheckpointError(RuntimeError):
 
 class RunFolderError(RuntimeError):
     """The run folder already holds another run; the message says what to do."""
+
+
+def unreadable_reason(error: Exception) -> str:
+    """Why a checkpoint file could not be read, in a few words: the error's type and the first
+    sentence of its message, or only the type when the message gives advice to load the file
+    some other way (torch's ``weights_only=False``, unsafe for a file that is corrupt)."""
+    first = str(error).strip().splitlines()[0].split(". ")[0] if str(error).strip() else ""
+    if not first or "weights_only" in str(error) or "Weights only" in first:
+        return type(error).__name__
+    return f"{type(error).__name__}: {first}"
+
+
+def held_run_error(run) -> RunFolderError:
+    """The error for a new run whose folder (a :class:`~labkit.loops.events.RunFolder`)
+    already holds another run."""
+    done = len(run.read("metrics.jsonl"))
+    return RunFolderError(f"{run.path} already holds a run ({done} steps logged): resume it "
+                          "(--resume / Trainer.resume()), train into a new run_dir, or pass "
+                          "--overwrite to replace it")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -63,17 +84,22 @@ class Checkpointing:
         self.events.emit("on_checkpoint", trainer=self, step=self.step, path=final)
         return final
 
-    def resume(self) -> int:
+    def resume(self, allow_code_drift: bool = False) -> int:
         """Continue the run in ``run_dir``: from its newest intact checkpoint (a corrupt newer
         one is skipped, and said so), or from step 0 when it was stopped before its first
         checkpoint (its partial logs are dropped). Stale ``.tmp`` checkpoint folders are
-        removed. Returns the step training continues from."""
+        removed. A run trained by other code (another commit or other uncommitted changes,
+        :mod:`labkit.provenance`) is refused (:class:`labkit.provenance.CodeDriftError`) unless
+        ``allow_code_drift``; the resume is recorded in its ``provenance.json``. Returns the
+        step training continues from."""
         for stale in (self.run.path / "checkpoints").glob("*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
             print(f"{stale}: removed a checkpoint left half-written", flush=True)
         self._resumed = True
         done = [p for p in sorted((self.run.path / "checkpoints").glob("step_*"), reverse=True)
                 if p.is_dir()]
+        if done:  # a checkpoint carries on what that code trained (every rank reads the same record)
+            provenance.refuse_drift(self.run.path, "resume", allow_code_drift)
         errors = []
         for path in done:
             try:
@@ -82,10 +108,13 @@ class Checkpointing:
                 errors.append(str(e))
                 print(f"{e}; trying an older checkpoint", flush=True)
                 continue
+            if self.is_main:
+                provenance.record_resume(self.run.path)
             return step
         if errors:
-            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'}: "
-                                  + "; ".join(errors))
+            raise CheckpointError(f"no intact checkpoint in {self.run.path / 'checkpoints'} ("
+                                  + "; ".join(errors) + "): restore one, or train the run "
+                                  "again with --overwrite")
         print(f"{self.run.path}: no checkpoint yet; starting from step 0", flush=True)
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):
             self.run.truncate_after(name, -1)
@@ -100,12 +129,16 @@ class Checkpointing:
         if not (path / "COMPLETE").exists():
             raise CheckpointError(f"checkpoint {path} is incomplete (no COMPLETE marker); "
                                   "it was being written when the run stopped: resume from an older one")
+        name = "trainable.pt"
         try:
-            trainable = torch.load(path / "trainable.pt", weights_only=True)
-            opt_state = torch.load(path / "optim.pt", weights_only=False)
-            state = json.loads((path / "state.json").read_text())
+            trainable = torch.load(path / name, weights_only=True)
+            name = "optim.pt"
+            opt_state = torch.load(path / name, weights_only=False)
+            name = "state.json"
+            state = json.loads((path / name).read_text())
         except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupt: {type(e).__name__}: {e}") from None
+            raise CheckpointError(f"checkpoint {path} is corrupt: {name} cannot be read "
+                                  f"({unreadable_reason(e)})") from None
         if state["lora"] != self.policy.is_lora:
             raise CheckpointError(f"checkpoint {path} was saved with lora={state['lora']}, "
                                   f"but this policy has lora={self.policy.is_lora}")

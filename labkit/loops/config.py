@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 from labkit.config import apply_overrides, from_dict, load_yaml
-from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, check_options
 from labkit.credit.losses import POLICY_LOSSES, LossConfig
 from labkit.credit.reshaping import ReshapeConfig, check_regime
 from labkit.env.feedback import FeedbackConfig
@@ -22,6 +22,8 @@ from labkit.loops.trackers import TrackerConfig, report_to_names
 from labkit.policy.loading import PolicyConfig
 from labkit.policy.rollout import SamplingConfig
 
+TASK_SOURCES = ("synthetic", "humaneval", "humanevalpack", "records")
+"""What ``TaskConfig.source`` may name."""
 
 
 @dataclass
@@ -59,6 +61,17 @@ class TaskConfig:
     path: str | None = None
     """HumanEvalPack-format JSONL for source ``humanevalpack``."""
 
+    def validate(self) -> None:
+        if self.source not in TASK_SOURCES:
+            raise ValueError(f"tasks.source must be one of {', '.join(TASK_SOURCES)}, got "
+                             f"{self.source!r}")
+        if self.train_problems < 0 or self.eval_tasks < 0:
+            raise ValueError(f"tasks.train_problems and tasks.eval_tasks must be >= 0 (0: all, "
+                             f"none), got {self.train_problems} and {self.eval_tasks}")
+        if self.bugs_per_problem < 1 or self.n_bugs < 1:
+            raise ValueError(f"tasks.bugs_per_problem and tasks.n_bugs must be >= 1, got "
+                             f"{self.bugs_per_problem} and {self.n_bugs}")
+
 
 @dataclass
 class OptimConfig:
@@ -88,6 +101,20 @@ class OptimConfig:
     The same update up to float rounding; fused is cheaper where a step's parameters are many
     small tensors (the tiny model's optimiser step, 38 tensors). HF's Trainer (so TRL) uses
     the fused kernel by default too."""
+
+    def validate(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"optim.lr must be > 0 (the peak learning rate), got {self.lr}; "
+                             "e.g. optim.lr=1e-5")
+        if self.weight_decay < 0 or not self.grad_clip > 0:
+            raise ValueError(f"optim.weight_decay must be >= 0 and optim.grad_clip > 0, got "
+                             f"{self.weight_decay} and {self.grad_clip}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), e.g. 0.9,0.99; got "
+                             f"{list(self.betas)}")
+        if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.warmup_steps must be >= 0 and optim.min_lr_ratio in [0, 1], "
+                             f"got {self.warmup_steps} and {self.min_lr_ratio}")
 
 
 @dataclass
@@ -171,8 +198,17 @@ class TrainConfig:
         if self.loss.policy_loss not in POLICY_LOSSES:
             raise ValueError(f"unknown policy_loss {self.loss.policy_loss!r}; registered: "
                              f"{POLICY_LOSSES.names()}")
+        check_options(self.estimator, self.estimator_options)
         if self.steps < 0 or self.tasks_per_step < 1 or self.checkpoint_every < 1:
-            raise ValueError("steps >= 0, tasks_per_step >= 1 and checkpoint_every >= 1 are required")
+            raise ValueError(f"steps >= 0, tasks_per_step >= 1 and checkpoint_every >= 1 are "
+                             f"required, got {self.steps}, {self.tasks_per_step} and "
+                             f"{self.checkpoint_every}")
+        if self.keep_checkpoints < 1 or self.eval_every < 0 or self.eval_k < 1:
+            raise ValueError(f"keep_checkpoints >= 1, eval_every >= 0 and eval_k >= 1 are "
+                             f"required, got {self.keep_checkpoints}, {self.eval_every} and "
+                             f"{self.eval_k}")
+        if not self.eval_temperature > 0:
+            raise ValueError(f"eval_temperature must be > 0, got {self.eval_temperature}")
         if self.loss.horizon is not None and self.loss.horizon < 1:
             raise ValueError(f"loss.horizon must be >= 1 (or null for sampling.max_new_tokens), "
                              f"got {self.loss.horizon}")

@@ -59,7 +59,7 @@ class RunFolder:
     ``fsync`` so a killed run loses at most the line being written."""
 
     RUN_FILES = ("config.json", "metrics.jsonl", "eval.jsonl", "rollouts.jsonl", "anchors.jsonl",
-                 "trackers.json")
+                 "trackers.json", "config_history.jsonl")
     """What a run writes besides ``checkpoints/`` and ``trackers/``."""
     RUNNING = "running.json"
     """Written while a process trains the run: its pid, host and start time."""
@@ -82,6 +82,8 @@ class RunFolder:
 
         for n in self.RUN_FILES:
             self.file(n).unlink(missing_ok=True)
+        for record in [*self.path.glob("provenance*.diff"), self.file("provenance.json")]:
+            record.unlink(missing_ok=True)
         shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
         shutil.rmtree(self.path / "trackers", ignore_errors=True)
 

@@ -7,7 +7,8 @@ shows it in a notebook. Everything is read from the folders (``config.json``,
 Per run: its folder (relative to ``DIR``), estimator, reshaping recipe (the name in
 ``labkit.credit.reshaping.RECIPES`` whose config it equals, else ``custom``), feedback regime,
 seed, steps done and planned, the last step's reward, held-out pass@1 at the first and the
-last evaluation, wall time (logged step and evaluation seconds) and status:
+last evaluation, wall time (logged step and evaluation seconds), the changes made when it was
+resumed (``config_history.jsonl``, :mod:`labkit.loops.resume`) and status:
 
 - ``running``: a process's running mark is there and the process lives (on another host,
   whose processes cannot be looked at: the logs changed within :data:`STALE_S`);
@@ -27,13 +28,16 @@ from typing import Any
 
 from labkit.config import to_dict
 from labkit.credit.reshaping import RECIPES
+from labkit.loops.config import WATCH_FIELDS
 from labkit.loops.events import RunFolder
+from labkit.loops.resume import history_text, read_history
 from labkit.loops.trackers import flat_config
 
 STALE_S = 3600.0
 """A running mark written on another host counts while the run's logs changed this recently."""
 SHOWN = ("run_dir", "estimator", "seed", "steps", "feedback.mode")
-"""Config fields the table shows in its own columns (never listed as differing)."""
+"""Config fields the table shows in its own columns (never listed as differing); nor are the
+watch-only ones (``WATCH_FIELDS``: where a run is watched is not what it trains)."""
 COLUMNS = ("run", "estimator", "recipe", "feedback", "seed", "steps", "reward", "pass@1",
            "wall", "status")
 """The fixed columns of the printed table, before the differing config fields."""
@@ -116,6 +120,7 @@ def run_row(path: str | Path, root: str | Path | None = None) -> dict[str, Any]:
         "wall_s": (sum(r.get("time/step") or 0.0 for r in rows)
                    + sum(e.get("time/eval") or 0.0 for e in evals)),
         "status": run_status(done, cfg.get("steps", 0), mark, alive, time.time() - changed),
+        "changes": read_history(path),
         "config": cfg,
     }
 
@@ -126,13 +131,15 @@ _MISSING = "(absent)"
 def differing_fields(configs: Sequence[Mapping[str, Any]], recipes_named: bool = True,
                      ) -> list[str]:
     """Flattened config keys (``loss.kl_coef``) whose values are not the same in every
-    config (a key some configs lack differs), sorted, without the :data:`SHOWN` ones; the
-    ``reshape.*`` keys only when ``recipes_named`` is false (the recipe column says it)."""
+    config (a key some configs lack differs), sorted, without the :data:`SHOWN` and the
+    watch-only ones (``report_to``, ``trackers.*``); the ``reshape.*`` keys only when
+    ``recipes_named`` is false (the recipe column says it)."""
     flats = [flat_config(c) for c in configs]
     keys = sorted(set().union(*flats)) if flats else []
     out = []
     for k in keys:
-        if k in SHOWN or (recipes_named and k.startswith("reshape.")):
+        if (k in SHOWN or k.split(".")[0] in WATCH_FIELDS
+                or (recipes_named and k.startswith("reshape."))):
             continue
         if len({json.dumps(f.get(k, _MISSING)) for f in flats}) > 1:
             out.append(k)
@@ -166,8 +173,15 @@ def _num(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, (int, float)) else "-"
 
 
+def columns(table: Mapping[str, Any]) -> list[str]:
+    """The printed table's columns: the :data:`COLUMNS`, ``changed on resume`` when a run
+    was resumed with changes, then each differing field."""
+    changed = ["changed on resume"] if any(r.get("changes") for r in table["runs"]) else []
+    return [*COLUMNS, *changed, *table["differing"]]
+
+
 def display_rows(table: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The table's runs as text cells: the :data:`COLUMNS`, then each differing field."""
+    """The table's runs as text cells, one per :func:`columns` entry."""
     out = []
     for r in table["runs"]:
         cells = {"run": r["run"], "estimator": str(r["estimator"]), "recipe": r["recipe"],
@@ -175,7 +189,8 @@ def display_rows(table: Mapping[str, Any]) -> list[dict[str, str]]:
                  "steps": f"{r['steps_done']}/{r['steps']}", "reward": _num(r["reward_last"]),
                  "pass@1": (f"{_num(r['pass_at_1_start'])} -> {_num(r['pass_at_1_end'])}"
                             if r["pass_at_1_start"] is not None else "-"),
-                 "wall": format_wall(r["wall_s"]), "status": r["status"]}
+                 "wall": format_wall(r["wall_s"]), "status": r["status"],
+                 "changed on resume": history_text(r.get("changes") or []) or "-"}
         for k in table["differing"]:
             v = r["differs"].get(k)
             cells[k] = "-" if v is None else v if isinstance(v, str) else json.dumps(v)
@@ -188,7 +203,7 @@ def format_table(table: Mapping[str, Any]) -> str:
     rows = display_rows(table)
     if not rows:
         return f"no run folders under {table['dir']}"
-    cols = [*COLUMNS, *table["differing"]]
+    cols = columns(table)
     width = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
     lines = ["  ".join(c.ljust(width[c]) for c in cols)]
     lines += ["  ".join(r[c].ljust(width[c]) for c in cols) for r in rows]

@@ -66,8 +66,9 @@ class TrackerConfig:
     samples: int = 8
     """Completions in each sample (one per task first, then second samples, ...)."""
     wandb_mode: Literal["offline", "online"] = "offline"
-    """W&B mode: ``offline`` writes the run under ``trackers/wandb/`` (``wandb sync`` uploads
-    it later); ``online`` needs an API key and the network."""
+    """W&B mode: ``offline`` writes the run to ``trackers/wandb/wandb/offline-run-*/``, one
+    folder per session (``wandb sync`` uploads them later); ``online`` needs an API key and
+    the network."""
     mlflow_uri: str | None = None
     """MLflow tracking URI; ``None``: a SQLite store in the run folder,
     ``sqlite:///<run_dir>/trackers/mlflow/mlflow.db``, artifacts beside it."""
@@ -280,9 +281,9 @@ class TensorBoardTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    """A W&B run (offline by default) under ``trackers/wandb/``, run id = the run's id; a
-    resumed run opens the same id (offline: one ``offline-run-*`` folder per session, all
-    of that id). Samples are a ``wandb.Table``."""
+    """A W&B run (offline by default) under ``trackers/wandb/`` (W&B's own ``wandb/`` folder
+    in it), run id = the run's id; a resumed run opens the same id (offline: one
+    ``wandb/offline-run-*`` folder per session, all of that id). Samples are a ``wandb.Table``."""
 
     name = "wandb"
     modules = ("wandb",)

@@ -41,10 +41,11 @@ from labkit.env.feedback import BuggyBaselines, ProgressTracker, evaluate_many, 
 from labkit.env.records import Components, RepairTask
 from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
+from labkit import provenance
 from labkit.loops import metrics as M
 from labkit.loops.background import TrainingStopped, stopped_line
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
-                                      latest_checkpoint)
+                                      held_run_error, latest_checkpoint)
 from labkit.loops.config import (WATCH_FIELDS, OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
                                  load_config)
 from labkit.loops.events import EventBus, RunFolder
@@ -85,20 +86,9 @@ class Trainer(Checkpointing):
         self.run = RunFolder(cfg.run_dir)
         seed_everything(cfg.seed)
         self.policy = policy or load_policy(cfg.policy)
-        self.train_tasks = list(train_tasks) if train_tasks is not None else self._load_tasks("train")
-        self.eval_tasks = list(eval_tasks) if eval_tasks is not None else self._load_tasks("eval")
-        if not self.train_tasks:
-            t = cfg.tasks
-            hint = (" (multi-hunk problems yield a task less than half the time: raise "
-                    "tasks.train_problems)" if t.multi_hunk else "")
-            hint += f" (tasks.templates {list(t.templates)} keeps none of them)" if t.templates else ""
-            raise ValueError(f"no training tasks from tasks.source={t.source!r}, "
-                             f"train_problems={t.train_problems}{hint}")
-        ids = [t.task_id for t in self.train_tasks]
-        if len(set(ids)) != len(ids):
-            dup = next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"training task {dup!r} is listed more than once; a batch must hold "
-                             "each task once (its samples form one group): pass distinct tasks")
+        self.train_tasks = list(train_tasks) if train_tasks is not None else run_tasks(cfg, "train")
+        self.eval_tasks = list(eval_tasks) if eval_tasks is not None else run_tasks(cfg, "eval")
+        check_train_tasks(self.train_tasks, cfg.tasks)
         self._own_sandbox = sandbox is None and reward_fn is None
         if sandbox is None and reward_fn is None:
             sandbox = Sandbox(cfg.sandbox)
@@ -122,28 +112,6 @@ class Trainer(Checkpointing):
         self._stop = False
 
     # ------------------------------------------------------------------ setup helpers
-    def _load_tasks(self, which: str) -> list[RepairTask]:
-        t = self.cfg.tasks
-        if t.source == "records":
-            return _records_tasks(t.path, t.train_split if which == "train" else t.eval_split,
-                                  t.eval_tasks if which != "train" else 0)
-        seed = self.cfg.seed if t.seed is None else t.seed
-        kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
-        if which == "train":
-            n = t.train_problems or None
-            tasks = load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
-                               bugs_per_problem=t.bugs_per_problem, **kinds)
-            if t.templates:
-                tasks = [x for x in tasks if x.meta.get("template") in set(t.templates)]
-            return tasks
-        if not t.eval_tasks:
-            return []
-        # multi-hunk problems yield a task less than half the time: ask for enough problems
-        n = t.eval_tasks * (4 if t.multi_hunk else 1)
-        tasks = load_tasks(t.source, split=t.eval_split, n=n, seed=seed, path=t.path,
-                           bugs_per_problem=1, **kinds)
-        return tasks[: t.eval_tasks]
-
     def _lr_factor(self, step: int) -> float:
         o = self.cfg.optim
         if step < o.warmup_steps:
@@ -162,7 +130,7 @@ class Trainer(Checkpointing):
         return derive_seed(self.cfg.seed, *names, self.step, *rank)
 
     def request_stop(self) -> None:
-        """Stop between steps (after the current one finishes and is logged)."""
+        """Stop between steps: after the current one finishes, is logged and checkpointed."""
         self._stop = True
 
     def close(self) -> None:
@@ -183,14 +151,11 @@ class Trainer(Checkpointing):
         if self.step == 0:
             if self.is_main and not self._resumed and self.run.holds_run():
                 if not self.overwrite:
-                    done = len(self.run.read("metrics.jsonl"))
-                    raise RunFolderError(
-                        f"{self.run.path} already holds a run ({done} steps logged): resume it "
-                        "(--resume / Trainer.resume()), train into a new run_dir, or pass "
-                        "--overwrite to replace it")
+                    raise held_run_error(self.run)
                 self.run.clear()
             if self.is_main:
                 self.run.write_json("config.json", to_dict(cfg))
+                provenance.record_start(self.run.path)
         if self.is_main:
             self.run.mark_running()
         bar = None
@@ -211,7 +176,8 @@ class Trainer(Checkpointing):
                     bar.set_postfix(reward=f"{row['reward/mean']:.3f}", pass1=f"{row['train/pass_at_1']:.2f}")
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     self._evaluate()
-                if self.is_main and (self.step % cfg.checkpoint_every == 0 or self.step == end):
+                if self.is_main and (self.step % cfg.checkpoint_every == 0 or self.step == end
+                                     or self._stop):  # a stop asked for keeps the step it finished
                     self.save_checkpoint()
         except TrainingStopped:
             raise
@@ -500,6 +466,48 @@ class Trainer(Checkpointing):
 # ============================================================================= helpers
 
 
+def run_tasks(cfg: TrainConfig, which: str) -> list[RepairTask]:
+    """The run's training tasks (``which="train"``) or held-out tasks (``"eval"``), as its
+    ``tasks`` section describes them."""
+    t = cfg.tasks
+    if t.source == "records":
+        return _records_tasks(t.path, t.train_split if which == "train" else t.eval_split,
+                              t.eval_tasks if which != "train" else 0)
+    seed = cfg.seed if t.seed is None else t.seed
+    kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
+    if which == "train":
+        n = t.train_problems or None
+        tasks = load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
+                           bugs_per_problem=t.bugs_per_problem, **kinds)
+        if t.templates:
+            tasks = [x for x in tasks if x.meta.get("template") in set(t.templates)]
+        return tasks
+    if not t.eval_tasks:
+        return []
+    # multi-hunk problems yield a task less than half the time: ask for enough problems
+    n = t.eval_tasks * (4 if t.multi_hunk else 1)
+    tasks = load_tasks(t.source, split=t.eval_split, n=n, seed=seed, path=t.path,
+                       bugs_per_problem=1, **kinds)
+    return tasks[: t.eval_tasks]
+
+
+def check_train_tasks(tasks: Sequence[RepairTask], t: TaskConfig) -> None:
+    """Raise ``ValueError`` saying what to change when the training tasks are none, or list a
+    task twice (a batch must hold each task once: its samples form one group)."""
+    if not tasks:
+        hint = (" (multi-hunk problems yield a task less than half the time: raise "
+                "tasks.train_problems)" if t.multi_hunk else "")
+        hint += f" (tasks.templates {list(t.templates)} keeps none of them)" if t.templates else ""
+        where = f", path={t.path!r}, train_split={t.train_split!r}" if t.path else ""
+        raise ValueError(f"no training tasks from tasks.source={t.source!r}, "
+                         f"train_problems={t.train_problems}{where}{hint}")
+    ids = [x.task_id for x in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"training task {dup!r} is listed more than once; a batch must hold "
+                         "each task once (its samples form one group): pass distinct tasks")
+
+
 def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
                hunk_config: HunkConfig) -> list[Stage]:
     """The rollout stages estimator ``estimator`` needs (its registry ``needs``), in a fixed
@@ -551,12 +559,13 @@ def _agg_weight(mask: torch.Tensor, mode: str) -> float:
     return float((mask.sum(-1) > 0).sum())
 
 
-def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True, **kwargs) -> Trainer:
-    """Build a trainer (resuming the run in its folder if asked: :meth:`Trainer.resume`) and
-    train."""
+def train_from_config(cfg: TrainConfig, resume: bool = False, progress: bool = True,
+                      allow_code_drift: bool = False, **kwargs) -> Trainer:
+    """Build a trainer (resuming the run in its folder if asked: :meth:`Trainer.resume`, which
+    refuses a run of other code unless ``allow_code_drift``) and train."""
     trainer = Trainer(cfg, **kwargs)
     if resume:
-        trainer.resume()
+        trainer.resume(allow_code_drift=allow_code_drift)
     try:
         trainer.train(progress=progress)
     finally:

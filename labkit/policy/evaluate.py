@@ -55,6 +55,15 @@ class EvalConfig:
     """Sampling seed: fix it to evaluate different checkpoints on the same random numbers (a
     paired comparison)."""
 
+    def validate(self) -> None:
+        if self.k < 1 or self.max_new_tokens < 1 or self.batch_size < 1 or self.parallel_chunks < 1:
+            raise ValueError(f"k, max_new_tokens, batch_size and parallel_chunks must be >= 1, "
+                             f"got {self.k}, {self.max_new_tokens}, {self.batch_size} and "
+                             f"{self.parallel_chunks}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (a tiny value for near-greedy), got "
+                             f"{self.temperature}")
+
 
 def _run(policy, tasks, cfg: SamplingConfig, sandbox, progress):
     rollouts = sample(policy, tasks, cfg, progress=progress)

@@ -133,6 +133,30 @@ def check_config_json(folder: Path) -> None:
                               "model again (model.save_pretrained)")
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""``config.json`` keys that say how many positions a model has (the first one present)."""
+
+
+def model_positions(spec: str) -> int | None:
+    """How many token positions the policy ``spec`` has (prompt and completion share them),
+    read from its ``config.json`` without loading it; ``None`` when it does not say."""
+    config = json.loads((resolve_spec(spec) / "config.json").read_text())
+    for key in POSITION_KEYS:
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None
+
+
+def check_completion_length(spec: str, max_new_tokens: int, where: str) -> None:
+    """Raise :class:`PolicyLoadError` when ``max_new_tokens`` (the option called ``where``)
+    leaves no position of policy ``spec`` for the prompt."""
+    positions = model_positions(spec)
+    if positions is not None and max_new_tokens >= positions:
+        raise PolicyLoadError(f"{where}={max_new_tokens} does not fit policy {spec!r}: it has "
+                              f"{positions} positions for the prompt and the completion together; "
+                              f"set {where} well below {positions} (e.g. {positions // 2})")
+
+
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
                        else ("cpu" if device == "auto" else device))

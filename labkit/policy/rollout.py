@@ -48,7 +48,8 @@ class SamplingConfig:
     """G: completions per task (the GRPO group)."""
     temperature: float = 1.0
     """Sampling temperature: 1 samples the policy itself (what the importance ratio and the
-    KL assume); the starting policy's figures are measured at it (``labkit eval``)."""
+    KL assume). Held-out evaluation samples at its own, lower temperature
+    (``EvalConfig.temperature``, ``TrainConfig.eval_temperature``)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens with this much probability."""
     max_new_tokens: int = 256
