@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from labkit.experiments.findings import plain_rows
 from labkit.experiments.findings import rows as findings_rows
 from labkit.figcheck import PLOTLY_MIME
 from labkit.registry import Registry
@@ -347,12 +348,13 @@ def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
 
 def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
                figures: Callable[[Path], list[str]] = front_figures,
-               results: Sequence[tuple[str, str, str]] | None = None) -> str:
+               results: Sequence[tuple[str, str, str]] | None = None,
+               results_plain: Sequence[str] | None = None) -> str:
     """The front page's HTML (see the module docstring): what this lab found first, the
-    contents folded at the end; ``results`` defaults to
-    :func:`labkit.experiments.findings.rows` of the repository's records."""
+    contents folded at the end; ``results`` and ``results_plain`` default to
+    :func:`labkit.experiments.findings.rows` and ``plain_rows`` of the repository's records."""
     if results is None:
-        results = findings_rows()
+        results, results_plain = findings_rows(), plain_rows()
     found = ["<section class='front'><h2>What this lab found</h2>"
              "<p class='lede'>One short run per notebook on the tiny model: in plain words first, "
              "then its numbers. Terms are explained in the repository's "
@@ -367,7 +369,7 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
         found.append(f"<dt><a href='#{name}'>{name}</a></dt><dd>{words}<p class='numbers'>"
                      + " ".join(html.escape(s) for s in said) + "</p></dd>")
     found.append("</dl>")
-    found.append(experiments_html(results))
+    found.append(experiments_html(results, results_plain))
     figs = [(r["notebook"], f) for r in rows for f in figures(out / f"{r['notebook']}.ipynb")]
     if figs:
         found.append("<h2>Figures</h2>")
@@ -380,13 +382,19 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
     return "\n".join(found)
 
 
-def experiments_html(results: Sequence[tuple[str, str, str]]) -> str:
+def experiments_html(results: Sequence[tuple[str, str, str]],
+                     plain_words: Sequence[str] | None = None) -> str:
     """The committed multi-seed findings (``(sentence, could this testbed see it, page)``
-    rows), as the README lists them."""
+    rows, each after its plain-words sentence when ``plain_words`` has them), as the README
+    lists them."""
     if not results:
         return "<h2>What the experiments found</h2><p>No results are recorded in docs/results.</p>"
-    items = "".join(f"<li>{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> "
-                    f"<code>docs/results/{html.escape(page)}</code></li>" for said, seen, page in results)
+    words = list(plain_words or [])
+    words += [""] * (len(results) - len(words))
+    items = "".join((f"<li><p class='plain'>{html.escape(w)}</p>" if w else "<li>")
+                    + f"{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> "
+                    f"<code>docs/results/{html.escape(page)}</code></li>"
+                    for w, (said, seen, page) in zip(words, results))
     return ("<h2>What the experiments found</h2><p>Several training seeds per method, paired "
             "on held-out tasks; the repository's <code>docs/results</code> pages (the same "
             f"rows as its README):</p><ul class='experiments'>{items}</ul>")

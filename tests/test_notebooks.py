@@ -173,13 +173,14 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     assert "<a href='#Training-three-ways'>Training three ways</a>" in front  # contents
     assert front.index("front-curve") < front.index("<details class='toc'>")
     assert "TrainingDashboard(children" not in page and "labkit-static" in page
-    # the committed multi-seed results: the README's findings rows, sentence for sentence
-    from labkit.experiments.findings import rows
+    # the committed multi-seed results: the README's findings rows, sentence for sentence,
+    # each after its plain-words sentence
+    from labkit.experiments.findings import plain_rows, rows
 
     assert rows(), "docs/results holds no experiment record"
-    for said, seen, name in rows():
-        assert f"{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> " \
-               f"<code>docs/results/{name}</code>" in front, said
+    for simple, (said, seen, name) in zip(plain_rows(), rows()):
+        assert f"<li><p class='plain'>{html.escape(simple)}</p>{html.escape(said)} <em>Could this " \
+               f"testbed see it? {html.escape(seen)}.</em> <code>docs/results/{name}</code>" in front, said
 
 
 def test_clear_outputs_strips(tmp_path):
