@@ -94,9 +94,11 @@ chromium:
 libseccomp:
 	.ci/ensure-libseccomp
 
-# Saving a tracked notebook strips its outputs (.jupyter/jupyter_server_config.py).
+# JupyterLab serving the repository, open on notebooks/ (docs/ links open); saving a tracked
+# notebook strips its outputs; runs as root too (.jupyter/jupyter_server_config.py).
+# JUPYTER_ARGS adds options, e.g. JUPYTER_ARGS="--no-browser --port=8890".
 jupyter: $(STAMP)
-	$(VENV)/bin/jupyter lab --config=.jupyter/jupyter_server_config.py notebooks/
+	$(VENV)/bin/jupyter lab --config=.jupyter/jupyter_server_config.py $(JUPYTER_ARGS)
 
 # An experiment for the record: run from a git worktree at the current commit (refused when the
 # code has uncommitted changes), so the code under the runs never changes while they train; its

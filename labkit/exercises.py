@@ -13,8 +13,10 @@ notebook shows its exercises' text as written here (:meth:`Exercise.markdown`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,20 @@ class Exercise:
     def markdown(self) -> str:
         sets = ", ".join(f"`{k} = {v!r}`" for k, v in self.parameters.items())
         return f"**Try this.** Set {sets} in the parameters cell and run all. Expected: {self.expect}"
+
+    def reads(self) -> list[str]:
+        """The recorded numbers the outcome names (the backquoted names of ``expect``)."""
+        return list(dict.fromkeys(re.findall(r"`([a-z_][a-z0-9_]*)`", self.expect)))
+
+    def readout(self, numbers: Mapping, namespace: Mapping) -> str:
+        """One line for under the exercise: the parameters it sets as this run had them, and
+        the numbers its outcome names as this run recorded them."""
+        now = [f"{k} = {namespace.get(k)!r}" for k in self.parameters]
+        tried = all(namespace.get(k) == v for k, v in self.parameters.items())
+        said = "as the exercise sets" if tried else "the exercise sets " + ", ".join(
+            f"{k} = {v!r}" for k, v in self.parameters.items())
+        got = [f"{k} = {_brief(numbers[k])}" for k in self.reads() if k in numbers]
+        return f"This run: {', '.join(now)} ({said}); " + (", ".join(got) or "no number recorded") + "."
 
 
 EXERCISES: tuple[Exercise, ...] = (
@@ -114,3 +130,23 @@ EXERCISES: tuple[Exercise, ...] = (
 def of(notebook: str) -> list[Exercise]:
     """The exercises of one notebook."""
     return [e for e in EXERCISES if e.notebook == notebook]
+
+
+def _brief(value: Any) -> str:
+    """A recorded number for reading: floats to 4 significant digits, inside lists and dicts too."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_brief(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_brief(v) for v in value) + "]"
+    return str(value)
+
+
+def readout(notebook: str, numbers: Mapping, namespace: Mapping) -> str:
+    """The readout under a notebook's exercises (:meth:`Exercise.readout`, one line each), so
+    their outcomes can be read in the notebook and not only in its JSON. ``numbers``: what the
+    notebook recorded; ``namespace``: its globals (the parameters it ran with)."""
+    return "\n".join(e.readout(numbers, namespace) for e in of(notebook))

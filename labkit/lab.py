@@ -41,6 +41,29 @@ KERNEL = "python3"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
+KNOWN_WARNINGS: tuple[tuple[str, str], ...] = (
+    ("FutureWarning", "`is_gradient_checkpointing` is deprecated"),  # peft asks transformers (07)
+    ("FutureWarning", "`gradient_checkpointing` is deprecated"),  # TRL's GRPOConfig sets it (08)
+)
+"""Third-party warnings the lab's kernels do not show, ``(category, start of the message)``:
+deprecations inside transformers, peft and TRL that a learner can do nothing about."""
+
+
+def quiet_kernels() -> str:
+    """Add :data:`KNOWN_WARNINGS` to ``PYTHONWARNINGS`` in this process's environment, which
+    the kernels it starts inherit (``make jupyter``'s server, ``make lab``'s papermill); returns
+    the new value. Idempotent; other warnings still show."""
+    import os
+
+    have = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
+    for category, message in KNOWN_WARNINGS:
+        entry = f"ignore:{message}:{category}"
+        if entry not in have:
+            have.append(entry)
+    os.environ["PYTHONWARNINGS"] = ",".join(have)
+    return os.environ["PYTHONWARNINGS"]
+
+
 class LabError(RuntimeError):
     """A notebook is missing or failed; the message names it and the file to open."""
 
@@ -110,6 +133,7 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
     tens of megabytes); open the notebook in JupyterLab to use the widgets."""
     import papermill as pm
 
+    quiet_kernels()
     params = {"smoke": bool(smoke), "out_dir": str(out_dir.resolve()), **(parameters or {})}
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -211,6 +235,9 @@ td, th { border: 1px solid #ddd; padding: 2px 6px; }
 .failed { color: #b00; font-weight: bold; }
 nav.toc ol { margin: 0.2em 0; } nav.toc > ol > li { margin: 0.3em 0; }
 .front dt { font-weight: bold; margin-top: 0.6em; } .front dd { margin-left: 1.2em; }
+.front dd p { margin: 0.1em 0; } .front .plain { font-size: 1.05em; }
+.front .numbers { color: #555; font-size: 0.9em; } .front .lede { color: #555; }
+details.toc { margin: 1.5em 0; } details.toc summary { cursor: pointer; font-weight: bold; }
 .front-figure { margin: 1em 0; border: 1px solid #eee; padding: 0.4em; }
 .front-figure figcaption { font-size: 0.85em; color: #666; }
 """
@@ -281,8 +308,8 @@ def numbers_table(rows: Sequence[Mapping]) -> str:
 
 
 def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
-    """``out/report.html``: the front page (:func:`labkit.report.front_page`: what each
-    notebook found, the figures that carry the story, key numbers, contents), the status
+    """``out/report.html``: the front page (:func:`labkit.report.front_page`: what this lab
+    found, the figures that carry the story, key numbers, the contents folded), the status
     table, then every executed notebook, with plotly.js embedded inline once (no CDN)."""
     from plotly.offline import get_plotlyjs
     from pygments.formatters import HtmlFormatter
@@ -300,8 +327,8 @@ def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit lab report</title>"
             f"<style>{css}</style><script type='text/javascript'>{get_plotlyjs()}</script>"
             "</head><body><h1>labkit lab report</h1>"
-            f"<p>{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; executed notebooks and "
-            "their JSON numbers are next to this file.</p>"
+            f"<p>{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the executed notebooks "
+            "and their JSON numbers are next to this file.</p>"
             f"{front_page(out, rows, bodies)}<h2>Status</h2>{numbers_table(rows)}"
             f"{''.join(sections)}</body></html>")
     path = out / "report.html"
@@ -312,26 +339,71 @@ def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
 # ----------------------------------------------------------------------------- notebooks in git
 
 
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": KERNEL}
+"""The kernel metadata a tracked notebook holds. JupyterLab rewrites it from the running
+kernel (its display name, and ``language_info`` with the Python version) on every save."""
+
+
 def strip(nb) -> None:
-    """Remove outputs, execution counts and run metadata from a notebook (a dict or
-    ``NotebookNode``) in place: what git holds."""
+    """Remove outputs, execution counts, run metadata and what JupyterLab writes of its own
+    (the running kernel's ``language_info`` and display name, view state: ``collapsed``,
+    ``scrolled``, ``jupyter.outputs_hidden``, which running a cell resets) from a notebook (a
+    dict or ``NotebookNode``) in place: what git holds. The ``record`` cell's output stays
+    collapsed."""
     for cell in nb["cells"]:
-        cell.get("metadata", {}).pop("execution", None)
-        cell.get("metadata", {}).pop("papermill", None)
+        meta = cell.setdefault("metadata", {})
+        for key in ("execution", "papermill", "collapsed", "scrolled", "jupyter"):
+            meta.pop(key, None)
+        if RECORD_TAG in meta.get("tags", []):
+            meta["jupyter"] = {"outputs_hidden": True}
         if cell["cell_type"] == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
-    nb.get("metadata", {}).pop("papermill", None)
-    nb.get("metadata", {}).pop("widgets", None)
+    meta = nb.get("metadata", {})
+    meta.pop("papermill", None)
+    meta.pop("widgets", None)
+    if meta.get("kernelspec", {}).get("name") == KERNEL:
+        meta["kernelspec"] = dict(KERNELSPEC)
+    if "language_info" in meta:
+        meta["language_info"] = {"name": meta["language_info"].get("name", "python")}
 
 
-def pre_save_hook(model: dict, path: str = "", **_) -> None:
+TRACKED = re.compile(r"(^|/)notebooks/\d\d_[^/]*\.ipynb$")
+"""The lab's tracked notebooks, by path: ``notebooks/NN_<name>.ipynb``."""
+
+
+def pre_save_hook(model: dict, path: str = "", contents_manager=None, **_) -> None:
     """Jupyter's ``FileContentsManager.pre_save_hook`` for the lab's tracked notebooks: saves
-    a numbered notebook of ``notebooks/`` stripped (:func:`strip`), so working in
+    a numbered notebook of a ``notebooks/`` folder stripped (:func:`strip`), so working in
     ``make jupyter`` never writes outputs into git's files; the open tab keeps them. Other
-    files are saved as they are."""
-    if model.get("type") == "notebook" and re.match(r"^(.*/)?notebooks/\d\d_[^/]*\.ipynb$", "/" + path.lstrip("/")):
+    files are saved as they are.
+
+    ``path`` is relative to the folder the server serves, so the file is found from the
+    contents manager's ``root_dir``: the hook strips the same files whether the server serves
+    the repository, ``notebooks/`` itself or a folder above the repository."""
+    if model.get("type") != "notebook":
+        return
+    where = "/" + path.lstrip("/")
+    root = getattr(contents_manager, "root_dir", None)
+    if root:
+        where = (Path(root) / path.lstrip("/")).resolve().as_posix()
+    if TRACKED.search(where):
         strip(model["content"])
+
+
+def lab_contents_manager() -> type:
+    """Jupyter Server's default contents manager with :func:`pre_save_hook` registered (what
+    ``make jupyter``'s config serves with). Registered, not set through the
+    ``pre_save_hook`` option: JupyterLab applies the server's config twice, and a second
+    setting of that option warns "Overriding existing pre_save_hook"."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    class LabContentsManager(AsyncLargeFileManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.register_pre_save_hook(pre_save_hook)
+
+    return LabContentsManager
 
 
 def clear_outputs(paths: Sequence[Path] | None = None) -> list[Path]:

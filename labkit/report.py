@@ -1,10 +1,11 @@
-"""The lab report's front page: what each notebook found in this run, in a minute's reading.
+"""The lab report's front page: what this lab found, in a minute's reading.
 
 :func:`front_page` turns the lab's status rows (each with the numbers its notebook recorded,
-:func:`labkit.lab.record`) and the executed notebooks into HTML:
+:func:`labkit.lab.record`) and the executed notebooks into HTML. The report opens on it:
 
-* **What this run found**: one or two sentences per notebook, written from its numbers by
-  the function registered for it in :data:`FINDINGS` (a notebook without one, or whose
+* **What this lab found**: per notebook, one plain sentence a newcomer can take away
+  (:data:`PLAIN`) above the one or two sentences with its numbers (:data:`FINDINGS`), both
+  written from the numbers this run recorded (a notebook without a function, or whose
   numbers lack a key, gets a plain pointer to its JSON instead of a wrong sentence);
 * **Figures**: the plotly outputs of the cells tagged ``front-page`` in the notebooks
   (the training curves, the credit agreement, the reward components, the Best-of-N
@@ -14,7 +15,7 @@
 * **What the experiments found**: the multi-seed results committed in ``docs/results``, the
   same sentences as the README's findings table (:func:`labkit.experiments.findings.rows`):
   a notebook shows one short run, these pages answer its question at scale;
-* **Contents**: each notebook's status, wall time and section headings, linked.
+* **Contents**, folded: each notebook's status, wall time and section headings, linked.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from labkit.experiments.findings import plain_rows
 from labkit.experiments.findings import rows as findings_rows
 from labkit.figcheck import PLOTLY_MIME
 from labkit.registry import Registry
@@ -33,7 +35,11 @@ FRONT_TAG = "front-page"
 """Cell tag: the cell's plotly outputs are copied onto the front page."""
 
 FINDINGS: Registry = Registry("report finding")
-"""``notebook name -> fn(numbers) -> list of sentences``."""
+"""``notebook name -> fn(numbers) -> list of sentences``: what it found, with its numbers."""
+
+PLAIN: Registry = Registry("plain finding")
+"""``notebook name -> fn(numbers) -> sentence``: the same finding in plain words, for a
+newcomer, still written from the numbers (terms: docs/glossary.md)."""
 
 
 
@@ -142,6 +148,94 @@ def _scale_out(n: Mapping) -> list[str]:
             f"labkit's: {'yes' if n['credit_equal'] else 'no'}."]
 
 
+# ----------------------------------------------------------------------------- in plain words
+
+
+def _share(k: Any, n: Any) -> str:
+    return f"{k} of {n}"
+
+
+@PLAIN.register("00_tour")
+def _tour_plain(n: Mapping) -> str:
+    signal = n["nonzero_std_groups"]
+    return (f"The model's attempts are scored by running tests; only a task whose attempts score "
+            f"differently teaches anything, and {_share(signal, n['tasks'])} did here.")
+
+
+@PLAIN.register("01_tasks_and_sandbox")
+def _tasks_plain(n: Mapping) -> str:
+    paid = n["hacks_rewarded"]
+    return (f"A bug is a task only if the tests catch it ({_share(n['mutants_caught'], n['mutants'])} "
+            f"were caught), and {'no' if paid == 0 else paid} reward hack"
+            f"{'' if paid == 1 else 's'} got paid.")
+
+
+@PLAIN.register("02_reward_reshaping")
+def _reshaping_plain(n: Mapping) -> str:
+    gain = n.get("trap_minus_default_on_copies")
+    copy = ("" if gain is None else
+            f"; without a gate, returning the buggy code unchanged earns {gain:+.2f} more reward")
+    return ("Changing a reward only changes training if it changes which attempt of a group "
+            f"ranks higher{copy}.")
+
+
+@PLAIN.register("03_counterfactual_forking")
+def _forking_plain(n: Mapping) -> str:
+    same = n.get("dr_nonzero_frac")
+    part = "" if same is None else f": {_pct(1 - same)} of the swapped tokens changed nothing"
+    return f"Swapping one token of an answer and finishing it again shows which tokens mattered{part}."
+
+
+@PLAIN.register("04_anchor_grouping")
+def _anchors_plain(n: Mapping) -> str:
+    rho = {k: v for k, v in (n.get("spearman") or {}).items()
+           if v is not None and k in ("grpo", "didpo", "didpo_fork")}
+    if not rho:
+        return ("DiDPO compares only the attempts that made the same edit; this run had no "
+                "hunks to check its credit against.")
+    best = max(rho, key=rho.get)
+    return (f"Whose credit follows each edit's real worth on this batch? {best} most "
+            f"({', '.join(f'{k} {v:+.2f}' for k, v in rho.items())}, 1 is a perfect ranking); "
+            "one batch, so docs/results/credit.md is the measured answer.")
+
+
+@PLAIN.register("05_training")
+def _training_plain(n: Mapping) -> str:
+    moves = []
+    for m in n["methods"]:
+        a, b = n["r_test_first"][m], n["r_test_last"][m]
+        moves.append(f"{m} {'up' if b > a + 1e-9 else 'down' if b < a - 1e-9 else 'flat'}")
+    return ("Three ways to train on the same few tasks, one after the other; the share of tests "
+            f"passed went {', '.join(moves)}. One seed: differences here are luck, not a ranking.")
+
+
+@PLAIN.register("06_mucode")
+def _mucode_plain(n: Mapping) -> str:
+    bon = {k: v for k, v in (n.get("bon_pass_final") or {}).items() if k != "oracle"}
+    if not bon:
+        return "Several tries with test feedback, and a learned judge to pick among attempts."
+    best = max(bon.values())
+    top = [k for k, v in bon.items() if v == best]
+    if len(top) == len(bon):
+        return (f"Trying several attempts per turn and picking one: every way of picking solved "
+                f"the same share ({_pct(best)}) here, too few tasks to tell them apart.")
+    return (f"Trying several attempts per turn and picking one: {', '.join(top)} solved the most "
+            f"({_pct(best)} of the tasks).")
+
+
+@PLAIN.register("07_bring_your_own_model")
+def _byom_plain(n: Mapping) -> str:
+    return (f"LoRA trains a small add-on ({_pct(n['trainable_fraction'])} of the weights) and "
+            f"{'leaves the model itself untouched' if n['base_weight_max_change'] == 0 else 'moved the model itself (it should not)'}.")
+
+
+@PLAIN.register("08_scale_out")
+def _scale_out_plain(n: Mapping) -> str:
+    same = n["rewards_equal"] and n["credit_equal"]
+    return ("The same rewards and credit run inside TRL, a trainer built for many GPUs: "
+            + ("it saw exactly labkit's numbers." if same else "its numbers differ from labkit's."))
+
+
 KEY_NUMBERS: dict[str, list[tuple[str, str, str]]] = {
     "00_tour": [("reward_mean", "mean reward of the first batch", "{:.3f}"),
                 ("pass_rate", "pass rate of the first batch", "{:.3f}")],
@@ -171,6 +265,17 @@ def findings(name: str, numbers: Mapping | None) -> list[str]:
     except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError) as e:
         return [f"Its numbers lack what the summary reads ({type(e).__name__}: {e}); see "
                 f"{name}.json."]
+
+
+def plain(name: str, numbers: Mapping | None) -> str | None:
+    """The plain sentence for notebook ``name``, or None when it has none or its numbers lack
+    what it reads."""
+    if not numbers or name not in PLAIN:
+        return None
+    try:
+        return PLAIN.get(name)(numbers)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, IndexError):
+        return None
 
 
 def key_numbers_html(rows: Sequence[Mapping]) -> str:
@@ -225,7 +330,9 @@ def headings(body: str) -> list[tuple[int, str, str]]:
 
 
 def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
-    parts = ["<nav class='toc'><h2>Contents</h2><ol>"]
+    """The contents, folded: each notebook's status, wall time, JSON and ``##`` sections."""
+    parts = ["<details class='toc'><summary>Contents: the notebooks and their sections"
+             "</summary><nav class='toc'><ol>"]
     for r in rows:
         name = r["notebook"]
         status = r["status"]
@@ -235,27 +342,34 @@ def contents_html(rows: Sequence[Mapping], bodies: Mapping[str, str]) -> str:
         parts.append(f"<li><a href='#{name}'>{name}</a> <span{cls}>{html.escape(status)}</span>, "
                      f"{r['seconds']:.0f} s, <a href='{name}.json'>{name}.json</a>"
                      + (f"<ol>{''.join(subs)}</ol>" if subs else "") + "</li>")
-    parts.append("</ol></nav>")
+    parts.append("</ol></nav></details>")
     return "\n".join(parts)
 
 
 def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
                figures: Callable[[Path], list[str]] = front_figures,
-               results: Sequence[tuple[str, str, str]] | None = None) -> str:
-    """The front page's HTML (see the module docstring); ``results`` defaults to
-    :func:`labkit.experiments.findings.rows` of the repository's records."""
+               results: Sequence[tuple[str, str, str]] | None = None,
+               results_plain: Sequence[str] | None = None) -> str:
+    """The front page's HTML (see the module docstring): what this lab found first, the
+    contents folded at the end; ``results`` and ``results_plain`` default to
+    :func:`labkit.experiments.findings.rows` and ``plain_rows`` of the repository's records."""
     if results is None:
-        results = findings_rows()
-    found = ["<section class='front'><h2>What this run found</h2><dl>"]
+        results, results_plain = findings_rows(), plain_rows()
+    found = ["<section class='front'><h2>What this lab found</h2>"
+             "<p class='lede'>One short run per notebook on the tiny model: in plain words first, "
+             "then its numbers. Terms are explained in the repository's "
+             "<code>docs/glossary.md</code>.</p><dl>"]
     for r in rows:
         name = r["notebook"]
         if r["status"] != "ok":
-            said = [f"It failed: {r.get('error', '')}."]
+            said, simple = [f"It failed: {r.get('error', '')}."], None
         else:
-            said = findings(name, r.get("numbers"))
-        found.append(f"<dt><a href='#{name}'>{name}</a></dt><dd>"
-                     + " ".join(html.escape(s) for s in said) + "</dd>")
+            said, simple = findings(name, r.get("numbers")), plain(name, r.get("numbers"))
+        words = f"<p class='plain'>{html.escape(simple)}</p>" if simple else ""
+        found.append(f"<dt><a href='#{name}'>{name}</a></dt><dd>{words}<p class='numbers'>"
+                     + " ".join(html.escape(s) for s in said) + "</p></dd>")
     found.append("</dl>")
+    found.append(experiments_html(results, results_plain))
     figs = [(r["notebook"], f) for r in rows for f in figures(out / f"{r['notebook']}.ipynb")]
     if figs:
         found.append("<h2>Figures</h2>")
@@ -264,17 +378,23 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
     found.append("<h2>Key numbers</h2>" + key_numbers_html(rows)
                  + "<p>Every number a notebook recorded is in its JSON file next to this report "
                    "(<a href='lab.json'>lab.json</a> lists them).</p>")
-    found.append(experiments_html(results) + "</section>")
-    return contents_html(rows, bodies) + "\n".join(found)
+    found.append(contents_html(rows, bodies) + "</section>")
+    return "\n".join(found)
 
 
-def experiments_html(results: Sequence[tuple[str, str, str]]) -> str:
+def experiments_html(results: Sequence[tuple[str, str, str]],
+                     plain_words: Sequence[str] | None = None) -> str:
     """The committed multi-seed findings (``(sentence, could this testbed see it, page)``
-    rows), as the README lists them."""
+    rows, each after its plain-words sentence when ``plain_words`` has them), as the README
+    lists them."""
     if not results:
         return "<h2>What the experiments found</h2><p>No results are recorded in docs/results.</p>"
-    items = "".join(f"<li>{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> "
-                    f"<code>docs/results/{html.escape(page)}</code></li>" for said, seen, page in results)
+    words = list(plain_words or [])
+    words += [""] * (len(results) - len(words))
+    items = "".join((f"<li><p class='plain'>{html.escape(w)}</p>" if w else "<li>")
+                    + f"{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> "
+                    f"<code>docs/results/{html.escape(page)}</code></li>"
+                    for w, (said, seen, page) in zip(words, results))
     return ("<h2>What the experiments found</h2><p>Several training seeds per method, paired "
             "on held-out tasks; the repository's <code>docs/results</code> pages (the same "
             f"rows as its README):</p><ul class='experiments'>{items}</ul>")

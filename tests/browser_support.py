@@ -1,8 +1,10 @@
-"""Helpers of the real-browser tests (``tests/test_browser.py``): a JupyterLab server on
-localhost, Debian's Chromium driven by Playwright, notebooks written with nbformat.
+"""Helpers of the real-browser tests (``tests/test_browser.py``): JupyterLab started as
+``make jupyter`` starts it, serving a git copy of the repository, on localhost; Debian's
+Chromium driven by Playwright; notebooks written with nbformat.
 
-The recipe (flags, selectors, teardown; ``docs/widgets.md``): JupyterLab
-with no token, isolated settings / workspaces / runtime folders; Chromium from
+The recipe (flags, selectors, teardown; ``docs/widgets.md``): the Makefile's own
+``make jupyter`` command (read with ``make -n``) plus test-only options (a free port, no
+token, isolated settings / workspaces / runtime folders); Chromium from
 ``/usr/bin/chromium`` (Playwright's own download does not work here) with background
 networking off; teardown that kills the server's kernels by PID.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,15 +38,20 @@ NO_CHROMIUM = (f"{CHROMIUM} not found: the browser tests need Debian's Chromium.
                "(it installs it through .ci/ensure-chromium) or `apt-get install -y chromium` (as root).")
 KERNEL_IDLE = "(ipykernel) | Idle"
 
-# Settings a fresh user-settings folder starts with: no news or update checks (there is no
-# network), and every cell kept in the DOM so that off-screen widgets can be found.
+# Settings a fresh user-settings folder starts with: every cell kept in the DOM so that
+# off-screen widgets can be found, kernels left running when a tab closes, no extension
+# manager. The news pop-up and the update check are off by make jupyter's own config
+# (.jupyter/jupyter_server_config.py), which the tests check.
 LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-        {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
         {"windowingMode": "none", "kernelShutdown": False},
     "@jupyterlab/extensionmanager-extension/plugin.jupyterlab-settings": {"enabled": False},
 }
+SERVED = ("notebooks", ".jupyter", "Makefile", ".gitignore", "*.md")
+"""What the repository copy holds (``git ls-files`` patterns): what ``make jupyter`` serves
+and the notebooks link to."""
+WORK = "runs/browser"
+"""Where the tests write their notebooks in the copy (``runs/`` is ignored by git)."""
 
 
 # ----------------------------------------------------------------------------- server
@@ -54,20 +63,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LabServer:
-    """``jupyter lab`` serving ``root`` on a free localhost port, with no token.
+def repo_copy(dst: Path) -> Path:
+    """A git repository at ``dst`` holding this repository's :data:`SERVED` files, committed,
+    so that a save can be checked with ``git status``."""
+    files = subprocess.run(["git", "ls-files", "-z", "--", *SERVED], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for name in filter(None, files):
+        target = dst / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    git = ["git", "-c", "user.name=labkit tests", "-c", "user.email=tests@labkit.invalid"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+        subprocess.run(git + args, cwd=dst, check=True)
+    return dst
 
-    ``start()`` waits for ``/api/status``; ``stop()`` ends the server and every process it
-    started (kernels included), by PID.
+
+def make_jupyter_command(repo: Path, args: Sequence[str]) -> list[str]:
+    """The command ``make jupyter`` runs in ``repo`` (its Makefile, printed by ``make -n``),
+    with this interpreter's virtualenv and ``args`` as ``JUPYTER_ARGS``; nothing is
+    installed (``-o`` the install stamp)."""
+    venv = Path(sys.prefix)
+    out = subprocess.run(["make", "-s", "-n", "-o", str(venv / ".installed"), f"VENV={venv}",
+                          f"JUPYTER_ARGS={shlex.join(args)}", "jupyter"], cwd=repo, check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    assert len(out) == 1, f"make jupyter runs more than one command: {out}"
+    return shlex.split(out[0])
+
+
+class LabServer:
+    """JupyterLab started as ``make jupyter`` starts it in ``root`` (a repository copy,
+    :func:`repo_copy`), on a free localhost port, with no token; the tests' notebooks go to
+    ``work`` (:data:`WORK`). ``start()`` waits for ``/api/status``; ``stop()`` ends the server
+    and every process it started (kernels included), by PID.
     """
 
     def __init__(self, root: Path, state: Path):
         self.root, self.state = Path(root), Path(state)
+        self.work = self.root / WORK
+        self.work.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.state / "jupyter.log"
         self.proc: subprocess.Popen | None = None
         self._known: dict[int, psutil.Process] = {}
+
+    def path_of(self, name: str | Path) -> str:
+        """The server's path of a notebook: ``name`` in :attr:`work`, or a path under
+        ``root`` when it is one."""
+        p = Path(name)
+        p = p if p.is_absolute() else self.work / p
+        return p.relative_to(self.root).as_posix()
 
     def start(self, timeout: float = 90.0) -> LabServer:
         settings = self.state / "settings"
@@ -82,17 +127,11 @@ class LabServer:
                "IPYTHONDIR": str(self.state / "ipython"),
                "JUPYTER_PLATFORM_DIRS": "1", "PYTHONUNBUFFERED": "1",
                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}",
-               "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=",
-               "--ServerApp.password=", "--ServerApp.port_retries=0",
-               "--ServerApp.disable_check_xsrf=True",
-               f"--ServerApp.root_dir={self.root}",
-               f"--LabApp.user_settings_dir={settings}",
-               f"--LabApp.workspaces_dir={self.state / 'workspaces'}",
-               "--LabApp.news_url=", "--LabApp.check_for_updates_class="
-               "jupyterlab.NeverCheckForUpdate"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-root")
+        cmd = make_jupyter_command(self.root, [
+            "--no-browser", f"--port={self.port}", "--ServerApp.ip=127.0.0.1",
+            "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.port_retries=0",
+            "--ServerApp.disable_check_xsrf=True", f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={self.state / 'workspaces'}"])
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -168,10 +207,11 @@ def write_notebook(path: Path, cells: Sequence[str | tuple[str, str]]) -> Path:
     return path
 
 
-def smoke_copy(src: Path, dst: Path, until: str | None = None) -> Path:
+def smoke_copy(src: Path, dst: Path, until: str | None = None, then: str | None = None) -> Path:
     """A copy of notebook ``src`` at ``dst`` whose ``parameters`` cell sets ``smoke = True``
     (the papermill parameters cell: its ``smoke = False`` line is rewritten); with ``until``,
-    only the cells up to the first code cell containing that text are kept."""
+    only the cells up to the first code cell containing that text are kept; ``then``: a code
+    cell inserted after the ``if smoke:`` cell (to change what the smoke budget set)."""
     nb = nbformat.read(src, as_version=4)
     if until is not None:
         ends = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and until in c.source]
@@ -185,6 +225,10 @@ def smoke_copy(src: Path, dst: Path, until: str | None = None) -> Path:
     if n != 1:
         raise ValueError(f"{src}: the parameters cell has no `smoke = False` line")
     cells[0].source = source
+    if then is not None:
+        smoke = next(i for i, c in enumerate(nb.cells)
+                     if c.cell_type == "code" and c.source.startswith("if smoke:"))
+        nb.cells.insert(smoke + 1, nbformat.v4.new_code_cell(then))
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
@@ -214,9 +258,11 @@ class NotebookPage:
         self.errors: list[str] = []
         page.on("pageerror", lambda e: self.errors.append(str(e)))
 
-    def open(self, name: str, timeout: float = 120_000) -> None:
+    def open(self, name: str | Path, timeout: float = 120_000) -> None:
+        """Open a notebook of the server's work folder (or a path under its root) and wait
+        for its kernel."""
         # ?reset: start from an empty workspace, not the tabs an earlier test left open
-        self.page.goto(f"{self.server.url}/lab/tree/{name}?reset")
+        self.page.goto(f"{self.server.url}/lab/tree/{self.server.path_of(name)}?reset")
         self.page.locator(".jp-Notebook").first.wait_for(timeout=timeout)
         self.wait_idle(timeout)
         self.server.remember_children()
@@ -286,3 +332,30 @@ def shot_folders(tmp_path: Path) -> list[Path]:
     return folders
 
 
+
+
+# ----------------------------------------------------------------------------- README picture
+
+
+def report_picture(report: Path, png: Path, width: int = 1280, height: int = 1500) -> Path:
+    """The top ``width`` x ``height`` of a lab's ``report.html``, opened from disk in
+    Chromium, as a PNG (the README's ``docs/screenshots/report_front.png``)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                      args=CHROMIUM_ARGS)
+        page = chromium.new_context(viewport={"width": width, "height": height}).new_page()
+        page.goto(Path(report).resolve().as_uri())
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg')"
+                               ".length > 0")
+        png.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(png))
+        chromium.close()
+    return png
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python tests/browser_support.py RUN/report.html PICTURE.png")
+    print(report_picture(Path(sys.argv[1]), Path(sys.argv[2])))

@@ -1,11 +1,14 @@
-"""Real-browser tests: JupyterLab on localhost, Debian's Chromium driven by Playwright.
+"""Real-browser tests: JupyterLab started as ``make jupyter`` starts it (serving a git copy of
+the repository), Debian's Chromium driven by Playwright.
 
-Each test opens a notebook, runs all its cells, and checks that a widget renders and
-responds: the tour shows a DiffView; moving a RewardTuner slider changes the advantages
-shown; the TrainingDashboard receives points while a trainer runs in a thread and its Stop
-button stops it; selecting an anchor in AnchorView outlines its spans in every member; a
-dashboard replays the shipped model's training; the lab's report.html opens from disk with
-its front-page figures and the widgets' static renderings drawn.
+``make jupyter`` itself: the tracked tour, edited, run and autosaved, leaves git clean and
+shows a DiffView; the start page lists the notebooks and each notebook's docs link opens;
+notebook 05 interrupted with the toolbar's button stops with one line. The widgets: moving a
+RewardTuner slider changes the advantages shown; the TrainingDashboard receives points while
+a trainer runs in a thread and its Stop button stops it; selecting an anchor in AnchorView
+outlines its spans in every member; a dashboard replays the shipped model's training; the
+lab's report.html opens from disk on its findings, with its front-page figures and the
+widgets' static renderings drawn.
 
 The numbered notebooks (``notebooks/*.ipynb``) are opened when they exist and use the
 widget, with ``smoke = True`` set in a copy of their ``parameters`` cell; otherwise (and
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -28,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, LabServer, NotebookPage,
-                             real_notebook, shot_folders, smoke_copy, write_notebook)
+from browser_support import (CHROMIUM, CHROMIUM_ARGS, NO_CHROMIUM, ROOT, LabServer, NotebookPage,
+                             real_notebook, repo_copy, shot_folders, smoke_copy, write_notebook)
 from conftest import toy_tasks
 
 pytestmark = pytest.mark.browser
@@ -82,13 +86,6 @@ IMPORTS = ("from labkit.config import from_dict\n"
 def _write_generated(root: Path, model: Path, tasks: Path) -> None:
     """The notebooks written here (used when the numbered ones are missing or do not cover
     an interaction)."""
-    write_notebook(root / "gen_tour.ipynb", [
-        ("markdown", "# Tour (generated): one GRPO step, then the DiffView"),
-        IMPORTS + "\nfrom widgets import DiffView",
-        _train_config("run_tour", model, tasks, steps=1, group=4, tokens=24)
-        + "\ntrainer = Trainer(cfg)\nrows = trainer.train(progress=False)\ntrainer.close()",
-        "records = trainer.run.read('rollouts.jsonl')\nDiffView.from_record(records[0])",
-    ])
     run = root / "run_tuner"
     run.mkdir(exist_ok=True)
     (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _tuner_batch()))
@@ -135,16 +132,16 @@ def _write_generated(root: Path, model: Path, tasks: Path) -> None:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory, random_model_dir):
-    """JupyterLab serving a temporary folder holding the test notebooks (session-wide)."""
+    """JupyterLab started as ``make jupyter`` starts it, serving a git copy of the repository;
+    the test notebooks are written to its ``runs/browser`` (session-wide)."""
     if not CHROMIUM.exists():
         pytest.fail(NO_CHROMIUM, pytrace=False)
     base = tmp_path_factory.mktemp("lab")
-    root, state = base / "root", base / "state"
-    root.mkdir()
-    tasks = root / "toy_tasks.jsonl"
+    server = LabServer(repo_copy(base / "repo"), base / "state")
+    tasks = server.work / "toy_tasks.jsonl"
     tasks.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in toy_tasks()))
-    _write_generated(root, Path(random_model_dir), tasks)
-    server = LabServer(root, state).start()
+    _write_generated(server.work, Path(random_model_dir), tasks)
+    server.start()
     yield server
     server.stop()
 
@@ -199,7 +196,7 @@ def _open(nb: NotebookPage, name: str, uses: str, generated: str, whole: bool = 
     target = generated
     if real is not None:
         target = f"{name}.ipynb"
-        smoke_copy(real, nb.server.root / target, until=None if whole else uses)
+        smoke_copy(real, nb.server.work / target, until=None if whole else uses)
     nb.open(target)
     print(f"browser test opened {target}")
     return target
@@ -226,18 +223,6 @@ def _column(page, table: str, name: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- tests
-
-
-def test_tour_runs_and_shows_a_diffview(notebook):
-    _open(notebook, "00_tour", "DiffView", "gen_tour.ipynb", whole=True)
-    notebook.run_all()
-    view = notebook.page.locator(".labkit-diffview").first
-    view.wait_for()
-    tokens = view.locator(".labkit-tokens .labkit-tok")
-    assert tokens.count() > 0, "the DiffView shows no coloured tokens"
-    assert view.locator(".labkit-legend").count() == 1
-    assert view.locator(".labkit-code .labkit-line").count() > 0  # the buggy code
-    notebook.screenshot(".labkit-diffview", "diffview.png")
 
 
 def test_reward_tuner_slider_changes_advantages(notebook):
@@ -378,10 +363,12 @@ def test_anchorview_selecting_an_anchor_outlines_its_spans(notebook):
 def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(browser, smoke_lab,
                                                                          tmp_path):
     """``make lab``'s report.html (the smoke lab of this session) in Chromium, from disk, no
-    server: the front page's figures are drawn, every widget shows its static rendering
-    (plotly divs with data, no widget text repr left), and nothing is fetched from a network."""
+    server: its first screen (1280x800) shows "What this lab found" with the findings in plain
+    words, the contents are folded below; the front page's figures are drawn, every widget
+    shows its static rendering (plotly divs with data, no widget text repr left), and nothing
+    is fetched from a network. Saves the first screen as ``report_first_screen.png``."""
     report = Path(smoke_lab["report"])
-    context = browser.new_context(viewport={"width": 1300, "height": 1600})
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     requests = []
     page.on("request", lambda r: requests.append(r.url))
@@ -392,18 +379,26 @@ def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(brows
     counts = page.evaluate("""() => {
         const drawn = sel => [...document.querySelectorAll(sel)]
             .filter(p => p.data && p.data.length > 0 && p.querySelector('.main-svg')).length;
+        const seen = e => e && e.getBoundingClientRect().bottom <= window.innerHeight;
+        const heading = [...document.querySelectorAll('h2')]
+            .find(h => h.textContent === 'What this lab found');
+        const plain = [...document.querySelectorAll('.front dd .plain')];
         return {front: drawn('.front-figure .js-plotly-plot'),
                 widgets: drawn('.labkit-static .js-plotly-plot'),
                 statics: document.querySelectorAll('.labkit-static').length,
                 findings: document.querySelectorAll('.front dd').length,
+                plain: plain.length,
+                first_screen: seen(heading) && plain.slice(0, 3).every(seen),
+                folded: document.querySelectorAll('details.toc:not([open])').length,
                 toc: document.querySelectorAll('nav.toc a').length,
                 text: document.body.innerText}; }""")
     text = counts.pop("text")
     print(f"report: {report.stat().st_size / 1e6:.1f} MB, {counts}")
-    assert counts["findings"] == len(smoke_lab["notebooks"])
+    assert counts["first_screen"], "the first screen does not show the findings"
+    assert counts["findings"] == counts["plain"] == len(smoke_lab["notebooks"])
+    assert counts["folded"] == 1 and counts["toc"] > 2 * len(smoke_lab["notebooks"])
     assert counts["front"] >= 5  # 01, 02, 04, 05 (two), 06 tag their story's figures
     assert counts["statics"] >= 5 and counts["widgets"] >= 3  # dashboard, inspector, tuner ...
-    assert counts["toc"] > 2 * len(smoke_lab["notebooks"])
     for repr_text in ("TrainingDashboard(children", "DiffView(children", "RewardTuner(children",
                       "AdvantageInspector(children", "AnchorView(children"):
         assert repr_text not in text
@@ -411,15 +406,15 @@ def test_report_opens_from_disk_with_front_page_figures_and_static_widgets(brows
     assert not errors, errors
     for folder in shot_folders(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
-        page.locator("section.front").screenshot(path=str(folder / "report_front.png"))
+        page.screenshot(path=str(folder / "report_first_screen.png"))
     context.close()
 
 
 def test_dashboard_replays_the_shipped_model_training(notebook):
     """The README's dashboard picture: the shipped tiny model trained for a few steps on
     synthetic tasks (KL to its reference, evaluations, the per-token strip), replayed."""
-    notebook.server.root.joinpath("gen_replay.ipynb").unlink(missing_ok=True)
-    write_notebook(notebook.server.root / "gen_replay.ipynb", [
+    notebook.server.work.joinpath("gen_replay.ipynb").unlink(missing_ok=True)
+    write_notebook(notebook.server.work / "gen_replay.ipynb", [
         IMPORTS + "\nfrom widgets import TrainingDashboard",
         'cfg = from_dict(TrainConfig, {"run_dir": "run_replay", "seed": 0, "steps": 6, '
         '"tasks_per_step": 4, "policy": {"spec": "tiny", "reference": "auto"}, '
@@ -445,3 +440,144 @@ def test_dashboard_replays_the_shipped_model_training(notebook):
         return p && p.data[0].z ? p.data[0].z.length : -1; }""")
     assert strip == 16  # one row per rollout of the last step
     notebook.screenshot(".labkit-dashboard", "training_dashboard.png")
+
+
+# ----------------------------------------------------------------------------- make jupyter
+
+
+def _lab_setting(lab: LabServer, plugin: str, values: dict) -> None:
+    """Set a JupyterLab user setting through the server's settings API (a page opened
+    afterwards reads it)."""
+    req = urllib.request.Request(f"{lab.url}/lab/api/settings/{plugin}", method="PUT",
+                                 data=json.dumps({"raw": json.dumps(values)}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).close()
+
+
+def _outputs(page) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')]"
+                         ".map(o => o.textContent)")
+
+
+def _retype_line(page, cell, old: str, new: str) -> None:
+    """In code cell ``cell`` (a locator), replace the line ``old`` by ``new`` with the
+    keyboard, as a learner edits."""
+    source = cell.locator(".cm-content").inner_text().splitlines()
+    row = source.index(old)
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Control+Home")
+    for _ in range(row):
+        page.keyboard.press("ArrowDown")
+    page.keyboard.press("Home")
+    page.keyboard.press("Shift+End")
+    page.keyboard.type(new)
+    page.keyboard.press("Escape")
+    assert new in cell.locator(".cm-content").inner_text()
+
+
+def test_tour_runs_and_make_jupyter_saves_it_without_dirtying_git(notebook):
+    """The tracked ``notebooks/00_tour.ipynb`` on ``make jupyter``'s server (started as it
+    starts it, as root too where the suite runs as root: no ``--allow-root``): edited to
+    ``smoke = True`` and run whole, it shows a DiffView of coloured tokens; edited back and
+    autosaved, ``git status`` stays clean (the pre-save hook strips outputs and what
+    JupyterLab adds) while the tab keeps its outputs. No news pop-up shows."""
+    lab, page = notebook.server, notebook.page
+    path = lab.root / "notebooks" / "00_tour.ipynb"
+    before = path.stat().st_mtime_ns
+    _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {"autosaveInterval": 2})
+    try:
+        notebook.open(path)
+        params = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").first
+        _retype_line(page, params, "smoke = False", "smoke = True")
+        notebook.run_all()
+        view = page.locator(".labkit-diffview").first
+        view.wait_for()
+        assert view.locator(".labkit-tokens .labkit-tok").count() > 0, "no coloured tokens"
+        assert view.locator(".labkit-legend").count() == 1
+        assert view.locator(".labkit-code .labkit-line").count() > 0  # the buggy code
+        notebook.screenshot(".labkit-diffview", "diffview.png")
+        _retype_line(page, params, "smoke = True", "smoke = False")
+        deadline, status = time.monotonic() + 60, None
+        while time.monotonic() < deadline:  # until an autosave after the edit back
+            status = subprocess.run(["git", "status", "--porcelain"], cwd=lab.root,
+                                    capture_output=True, text=True, check=True).stdout
+            if not status and path.stat().st_mtime_ns != before:
+                break
+            time.sleep(1)
+    finally:
+        _lab_setting(lab, "@jupyterlab/docmanager-extension:plugin", {})
+    diff = subprocess.run(["git", "diff"], cwd=lab.root, capture_output=True, text=True).stdout
+    assert path.stat().st_mtime_ns != before, "JupyterLab never saved the notebook"
+    assert status == "", f"saving from make jupyter changed git's files:\n{status}{diff[:3000]}"
+    assert view.locator(".labkit-tokens .labkit-tok").count() > 0  # the tab keeps its outputs
+    assert page.locator(".jp-toast-message", has_text="news").count() == 0
+
+
+def test_make_jupyter_opens_a_docs_link_of_every_notebook(notebook):
+    """``make jupyter`` opens on the notebooks (its start page lists notebooks/), and each
+    notebook's "At scale" link, in its takeaways, opens the page in JupyterLab, rendered: the
+    repository is served, so the notebooks' relative links work."""
+    from labkit.lab import notebooks
+
+    lab, page = notebook.server, notebook.page
+    page.goto(f"{lab.url}/?reset")  # where make jupyter's browser tab starts
+    listing = page.locator(".jp-DirListing-item")
+    listing.first.wait_for(timeout=60_000)
+    assert "/lab/tree/notebooks" in page.url
+    panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+    opened = {}
+    for nb in notebooks():
+        listing.filter(has_text=nb.name).first.dblclick()
+        # the takeaways' relative link, resolved by JupyterLab against the served root
+        links = page.locator(f"{panel} .jp-MarkdownCell", has_text="At scale:").locator(
+            "a[href*='/files/docs/']")
+        links.first.wait_for(timeout=60_000)
+        lab.remember_children()
+        hrefs = links.evaluate_all("as => as.map(a => a.getAttribute('href'))")
+        target = re.search(r"/files/(docs/[^?#]+\.md)", hrefs[-1]).group(1)
+        heading = next(line[2:].strip() for line in (ROOT / target).read_text().splitlines()
+                       if line.startswith("# "))
+        links.last.click()
+        page.wait_for_function(  # the page opened in a tab of its own, and shows
+            """(name) => [...document.querySelectorAll(
+                   '.lm-DockPanel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel')]
+                   .some(e => e.textContent === name)""",
+            arg=target.rsplit("/", 1)[-1], timeout=30_000)
+        page.locator(".lm-DockPanel .jp-RenderedMarkdown:visible h1",
+                     has_text=heading).first.wait_for(timeout=30_000)
+        opened[nb.stem] = target
+    print(f"opened: {opened}")
+
+
+def test_interrupting_05_stops_training_with_one_line(notebook):
+    """Notebook 05 (smoke budget, many steps) under Run All: once the dashboard has a point,
+    the toolbar's interrupt button stops the trainer after its step; the waiting cell prints
+    one line, "stopped at step N", the dashboard keeps N points, no output holds a traceback
+    (none from the dashboard's thread either), and the cells below read the stopped run (the
+    copy ends at the first of them that shows it, its DiffView)."""
+    lab, page = notebook.server, notebook.page
+    smoke_copy(ROOT / "notebooks" / "05_training.ipynb", lab.work / "05_training.ipynb",
+               until="DiffView.from_record(rec)",
+               then="steps = 400  # far more than the test waits for: only the interrupt ends it\n"
+                    "max_new_tokens = 64  # quicker steps")
+    notebook.open("05_training.ipynb")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.wait_for_function(f"() => ({POINTS_JS})() >= 1", timeout=240_000)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                 "[data-command='notebook:interrupt-kernel']").first.click()
+    notebook._wait_all_ran(240_000)
+    lab.remember_children()
+    texts = _outputs(page)
+    stopped = [t for t in texts if "stopped at step" in t]
+    assert len(stopped) == 1, stopped
+    m = re.fullmatch(r"stopped at step (\d+) \(grpo\)\n?", stopped[0])
+    assert m, f"not one line: {stopped[0]!r}"
+    noise = [t[-2000:] for t in texts if any(w in t for w in (
+        "Traceback", "Exception in thread", "ZMQError", "KeyboardInterrupt"))]
+    assert not noise, noise[0]
+    n = int(m.group(1))
+    time.sleep(3)  # no step after the stop
+    assert _plot_points(page) == n
+    assert any(t.startswith("grpo: ") and " sample " in t for t in texts)  # read the stopped run
+    assert page.locator(".labkit-diffview").count() >= 1

@@ -49,7 +49,8 @@ def test_notebook_is_clean_in_git(path):
     raw = path.read_text()
     nb = nbformat.reads(raw, as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert nb.metadata["kernelspec"] == lab.KERNELSPEC, f"{path.name}: strip it (labkit.lab.clear_outputs)"
+    assert nb.metadata.get("language_info", {"name": "python"}) == {"name": "python"}
     assert "papermill" not in nb.metadata and "widgets" not in nb.metadata, \
         f"{path.name}: run metadata left in; strip it (labkit.lab.clear_outputs)"
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -57,7 +58,7 @@ def test_notebook_is_clean_in_git(path):
         assert c.outputs == [] and c.execution_count is None, \
             f"{path.name}: outputs or execution counts in git; strip them " \
             "(labkit.lab.clear_outputs)"
-        assert "papermill" not in c.metadata and "execution" not in c.metadata
+        assert not {"papermill", "execution", "collapsed", "scrolled"} & set(c.metadata)
     first = code[0]
     assert "parameters" in first.metadata.get("tags", []), f"{path.name}: first code cell untagged"
     assert re.search(r"(?m)^smoke = False\b", first.source), "no `smoke = False` parameter"
@@ -163,17 +164,23 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     page = lab.write_report(tmp_path, [{"notebook": "05_training", "status": "ok", "seconds": 3.0,
                                         "numbers": numbers}]).read_text()
     front = page[:page.index("<section class='nb'")]
-    assert "What this run found" in front and "0.41 -&gt; 0.63" in front
+    assert "What this lab found" in front and "0.41 -&gt; 0.63" in front
+    # the page opens on the findings: the plain sentence first, the contents folded last
+    assert front.index("What this lab found") < front.index("<dt>") < front.index("<details")
+    assert "<p class='plain'>Three ways to train on the same few tasks" in front
+    assert "the share of tests passed went grpo up, didpo up" in front
     assert "front-curve" in front  # the tagged cell's figure is on the front page
     assert "<a href='#Training-three-ways'>Training three ways</a>" in front  # contents
+    assert front.index("front-curve") < front.index("<details class='toc'>")
     assert "TrainingDashboard(children" not in page and "labkit-static" in page
-    # the committed multi-seed results: the README's findings rows, sentence for sentence
-    from labkit.experiments.findings import rows
+    # the committed multi-seed results: the README's findings rows, sentence for sentence,
+    # each after its plain-words sentence
+    from labkit.experiments.findings import plain_rows, rows
 
     assert rows(), "docs/results holds no experiment record"
-    for said, seen, name in rows():
-        assert f"{html.escape(said)} <em>Could this testbed see it? {html.escape(seen)}.</em> " \
-               f"<code>docs/results/{name}</code>" in front, said
+    for simple, (said, seen, name) in zip(plain_rows(), rows()):
+        assert f"<li><p class='plain'>{html.escape(simple)}</p>{html.escape(said)} <em>Could this " \
+               f"testbed see it? {html.escape(seen)}.</em> <code>docs/results/{name}</code>" in front, said
 
 
 def test_clear_outputs_strips(tmp_path):
@@ -183,14 +190,24 @@ def test_clear_outputs_strips(tmp_path):
                                            execution_count=1)]
     cell.execution_count = 1
     cell.metadata["papermill"] = {"duration": 1}
-    nb.cells = [cell]
+    cell.metadata.update(collapsed=True, jupyter={"outputs_hidden": True})  # view state
+    recorded = nbformat.v4.new_code_cell("summary = record(...)")
+    recorded.metadata["tags"] = ["record"]  # running it in JupyterLab dropped outputs_hidden
+    nb.cells = [cell, recorded]
     nb.metadata["papermill"] = {}
+    # what JupyterLab writes from the running kernel
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                 "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.7", "mimetype": "text/x-python"}
     p = tmp_path / "n.ipynb"
     nbformat.write(nb, p)
     assert lab.clear_outputs([p]) == [p]
     back = nbformat.read(p, as_version=4)
     assert back.cells[0].outputs == [] and back.cells[0].execution_count is None
     assert "papermill" not in back.metadata and "papermill" not in back.cells[0].metadata
+    assert back.metadata["kernelspec"] == lab.KERNELSPEC and back.metadata["language_info"] == {"name": "python"}
+    assert back.cells[0].metadata == {}  # view state goes
+    assert back.cells[1].metadata == {"tags": ["record"], "jupyter": {"outputs_hidden": True}}
     assert lab.clear_outputs([p]) == []
 
 
@@ -240,7 +257,9 @@ def check_02(n):
         assert abs(n["norm_batch_out_std"] - 1) < 1e-3
     assert n["clip_max"] == 2.0
     means = n["regime_mean_reward"]
-    assert set(means) == {"dense", "binary", "public", "noisy", "coarse"}
+    from labkit.env.feedback import FEEDBACK_MODES
+
+    assert set(means) == set(FEEDBACK_MODES)
     assert means["binary"] <= means["dense"] + 1e-9 and means["coarse"] <= means["dense"] + 1e-9
     assert n["regime_no_signal_groups"]["binary"] >= n["regime_no_signal_groups"]["dense"]
     acts = n["normalise_acts"]
@@ -279,8 +298,9 @@ def check_04(n):
     assert n["didpo_minus_grpo_outside_anchors"] < 1e-9  # outside anchors, A = A_E
     assert 0 < n["didpo_token_coverage"] < 1
     assert n["agreement_hunks"] >= 1 and n["forks"] >= 1
-    assert set(n["spearman"]) == {"grpo", "didpo", "didpo (A_D only)", "didpo_fork",
-                                  "didpo_group_mean (non-paper)", "oracle", "shuffled"}
+    from labkit.experiments.credit import ESTIMATORS
+
+    assert set(n["spearman"]) == set(ESTIMATORS)  # the estimators and the controls
     assert all(v is None or _between(v, -1, 1) for v in n["spearman"].values())
     assert all(v is None or _between(v, 0, 1) for v in n["sign_agreement"].values())
 
@@ -364,6 +384,27 @@ def test_executed_notebook_figures_do_not_mislead(name, smoke_lab):
     assert found == [], "\n".join(f"cell {i}: {p}" for i, p in found)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPECTED)
+def test_executed_notebook_prints_its_exercises_and_no_known_warning(name, smoke_lab):
+    """The line under the exercises shows, in the notebook, the numbers each outcome names as
+    this run recorded them; no cell shows a warning of :data:`labkit.lab.KNOWN_WARNINGS`."""
+    from labkit.exercises import _brief, of
+
+    nb = nbformat.read(Path(smoke_lab["out"]) / f"{name}.ipynb", as_version=4)
+    numbers = json.loads((Path(smoke_lab["out"]) / f"{name}.json").read_text())
+    text = lambda c: "".join(o.get("text", "") for o in c.get("outputs", []))  # noqa: E731
+    shown = "".join(text(c) for c in nb.cells if c.cell_type == "code" and "readout(" in c.source)
+    for ex in of(name):
+        read = [k for k in ex.reads() if k in numbers]
+        assert read, f"{name}: the exercise names no recorded number"
+        for k in read:
+            assert f"{k} = {_brief(numbers[k])}" in shown, f"{name}: {k} not shown in\n{shown}"
+    warned = [text(c) for c in nb.cells if c.cell_type == "code"
+              and any(m in text(c) for _, m in lab.KNOWN_WARNINGS)]
+    assert not warned, warned
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
     """The numbers a notebook records are plumbing: one cell, tagged ``record``, its output
@@ -381,8 +422,10 @@ def test_record_cell_is_tagged_hidden_and_shows_nothing(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.stem)
 def test_every_notebook_teaches_in_the_same_shape(path):
     """Opens with what you will learn, what to know first and minutes to run; a "What to look
-    at" reading after every figure; ends with takeaways and a link to the page that answers
-    its question at scale (the link resolves)."""
+    at" reading after every figure; takeaways with a link to the page that answers its
+    question at scale (the link resolves, as every link into docs/ does); then its "Try this"
+    exercises, a cell printing what they read in this run, and "Check your understanding":
+    two or three questions, each answer folded."""
     nb = nbformat.read(str(path), as_version=4)
     intro = nb.cells[1].source
     assert nb.cells[1].cell_type == "markdown" and "**You will learn**" in intro
@@ -395,8 +438,22 @@ def test_every_notebook_teaches_in_the_same_shape(path):
     rec = next(i for i, c in enumerate(nb.cells) if "record(out_dir" in c.source)
     take = nb.cells[rec - 1].source
     assert take.startswith("## Takeaways") and "**At scale:**" in take
-    for target in re.findall(r"\]\((\.\./[^)#]+)", take):
-        assert (path.parent / target).resolve().is_file(), target
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for target in re.findall(r"\]\((\.\./[^)#\s]+)", cell.source):
+                assert (path.parent / target).resolve().is_file(), f"{path.name}: dead link {target}"
+    tail = nb.cells[rec + 1:]
+    tries = [c for c in tail if c.source.startswith("**Try this.**")]
+    assert tries and all(c.cell_type == "markdown" for c in tries)
+    assert tail[len(tries)].cell_type == "code" and \
+        f'readout("{path.stem}", summary, globals())' in tail[len(tries)].source
+    questions = tail[-1]
+    assert len(tail) == len(tries) + 2 and questions.cell_type == "markdown"
+    assert questions.source.startswith("## Check your understanding")
+    asked = re.findall(r"(?m)^\*\*\d\. .+\?\*\*$", questions.source)
+    folded = re.findall(r"<details><summary>Answer</summary>\n\n.+?\n\n</details>",
+                        questions.source, re.S)
+    assert 2 <= len(asked) == len(folded) <= 3, f"{path.name}: {len(asked)} questions, {len(folded)} answers"
 
 
 def test_notebooks_show_their_exercises_as_registered():
@@ -441,18 +498,50 @@ def test_a_smoke_exercise_takes_no_budget():
 
 
 def test_saving_a_tracked_notebook_in_jupyter_strips_it(tmp_path):
-    """``make jupyter`` saves notebooks/NN_*.ipynb without outputs (the pre-save hook); other
-    notebooks keep theirs. The Makefile starts JupyterLab with the hook's config."""
+    """``make jupyter`` saves notebooks/NN_*.ipynb without outputs (the pre-save hook), whatever
+    folder the server serves (the hook's path is relative to it); other notebooks keep theirs.
+    The Makefile starts JupyterLab with the hook's config. (``tests/test_browser.py`` saves
+    through a real server started as ``make jupyter`` starts it.)"""
+    from types import SimpleNamespace
+
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("1 + 1", execution_count=3)
     cell.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "2"}, execution_count=3)]
     nb.cells = [cell]
-    tracked = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
-    lab.pre_save_hook(tracked, path="notebooks/00_tour.ipynb")
-    assert tracked["content"]["cells"][0]["outputs"] == []
-    assert tracked["content"]["cells"][0]["execution_count"] is None
-    mine = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
-    lab.pre_save_hook(mine, path="scratch/Untitled.ipynb")
-    assert mine["content"]["cells"][0]["outputs"]
+
+    def saved(path, root=None):
+        model = {"type": "notebook", "content": json.loads(nbformat.writes(nb))}
+        manager = None if root is None else SimpleNamespace(root_dir=str(root))
+        lab.pre_save_hook(model, path=path, contents_manager=manager)
+        return bool(model["content"]["cells"][0]["outputs"])
+
+    repo = tmp_path / "repo"
+    assert not saved("notebooks/00_tour.ipynb")
+    assert not saved("notebooks/00_tour.ipynb", root=repo)  # served: the repository
+    assert not saved("05_training.ipynb", root=repo / "notebooks")  # served: notebooks/
+    assert not saved("repo/notebooks/05_training.ipynb", root=tmp_path)  # a folder above
+    assert saved("scratch/Untitled.ipynb", root=repo)
+    assert saved("Untitled.ipynb", root=repo / "notebooks")  # not a numbered notebook
+    assert saved("05_training.ipynb", root=repo / "runs")  # a copy outside notebooks/
     assert "--config=.jupyter/jupyter_server_config.py" in (ROOT / "Makefile").read_text()
-    assert "pre_save_hook" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
+    assert "lab_contents_manager()" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()
+    manager = lab.lab_contents_manager()(root_dir=str(tmp_path))
+    assert lab.pre_save_hook in manager._pre_save_hooks
+
+
+def test_known_third_party_warnings_are_quiet_in_the_lab_kernels(monkeypatch):
+    """``make lab`` and ``make jupyter`` start kernels with ``PYTHONWARNINGS`` ignoring
+    :data:`labkit.lab.KNOWN_WARNINGS` (and only those)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    value = lab.quiet_kernels()
+    assert lab.quiet_kernels() == value and value.startswith("default,ignore:")
+    code = ("import warnings\n"
+            "warnings.warn('`is_gradient_checkpointing` is deprecated and will go', FutureWarning)\n"
+            "warnings.warn('`gradient_checkpointing` is deprecated and will go', FutureWarning)\n"
+            "warnings.warn('another deprecation', FutureWarning)\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
+    assert "another deprecation" in err and "is deprecated" not in err, err
+    assert "quiet_kernels()" in (ROOT / ".jupyter" / "jupyter_server_config.py").read_text()

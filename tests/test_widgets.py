@@ -294,19 +294,21 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     dash, trainer = TrainingDashboard(), _stub_trainer()
     dash.attach(trainer)
     dash.attach(trainer)  # re-running the cell
-    assert _n_subscribers(trainer.events) == 4  # rollout, step end, eval, train end (static copy)
+    assert _n_subscribers(trainer.events) == 5  # start, rollout, step end, eval, end (static copy)
     trace = {t.name: t for t in dash.curves.data}
+    trainer.events.emit("on_train_start", trainer=trainer)
+    assert "stub-run: started: step 1 (the first point comes after" in dash._status.value
     for step in (1, 2):
         trainer.events.emit("on_rollout", trainer=trainer, step=step - 1, rollouts=[None] * 6)
         trainer.events.emit("on_step_end", trainer=trainer, step=step,
-                            metrics={"step": step, "reward/mean": step / 10, "kl/k3": 0.01},
-                            records=trap_batch())
+                            metrics={"step": step, "reward/mean": step / 10, "kl/k3": 0.01,
+                                     "time/step": 31.2}, records=trap_batch())
     trainer.events.emit("on_eval", trainer=trainer, step=2, metrics={"step": 2,
                                                                      "eval/pass_at_1": 0.5})
     assert trace["reward/mean"].x == (1, 2) and trace["reward/mean"].y == (0.1, 0.2)
     assert trace["eval/pass_at_1"].y == (0.5,) and trace["clip/frac"].x == ()
     assert len(dash.strip.data[0].z) == 6 and "step 2" in dash._status.value
-    assert dash._status.value.count("stub-run: step 2") == 1  # the status names the run
+    assert dash._status.value.count("stub-run: step 2 in 31 s: reward 0.200") == 1  # run, seconds
     assert dash.curves.data[0].legendgroup == "reward"  # one legend group per panel
     # a resumed run repeats step 2: the newest row replaces the old one
     trainer.events.emit("on_step_end", trainer=trainer, step=2,
@@ -321,7 +323,7 @@ def test_dashboard_follows_events_and_stops_the_trainer():
     assert "step 3" in dash._status.value and "stop requested" in dash._status.value
     other = _stub_trainer()
     dash.attach(other)
-    assert _n_subscribers(trainer.events) == 0 and _n_subscribers(other.events) == 4
+    assert _n_subscribers(trainer.events) == 0 and _n_subscribers(other.events) == 5
     dash.close()
     assert _n_subscribers(other.events) == 0 and dash._stop.disabled
 

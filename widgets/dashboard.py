@@ -7,7 +7,8 @@ per-token field of the records) of the latest batch. A Stop button asks the trai
 stop between steps.
 
 Live: ``dash.attach(trainer)`` subscribes bound methods to ``trainer.events``
-(``on_rollout``, ``on_step_end``, ``on_eval``); ``EventBus.on`` ignores a function it
+(``on_train_start``, ``on_rollout``, ``on_step_end``, ``on_eval``, ``on_train_end``); the
+status line says what runs and how long each step took; ``EventBus.on`` ignores a function it
 already holds, so attaching again adds nothing; ``detach()`` / ``close()`` unsubscribe.
 Replay: ``TrainingDashboard.replay(run_dir)`` fills the same figures from
 ``metrics.jsonl``, ``eval.jsonl`` and the last step of ``rollouts.jsonl``.
@@ -179,8 +180,17 @@ class TrainingDashboard(StaticView, ipw.VBox):
         super().close()
 
     def _handlers(self) -> tuple[tuple[str, Any], ...]:
-        return (("on_rollout", self._on_rollout), ("on_step_end", self._on_step_end),
-                ("on_eval", self._on_eval), ("on_train_end", self._on_train_end))
+        return (("on_train_start", self._on_train_start), ("on_rollout", self._on_rollout),
+                ("on_step_end", self._on_step_end), ("on_eval", self._on_eval),
+                ("on_train_end", self._on_train_end))
+
+    def _on_train_start(self, trainer: Any, **_: Any) -> None:
+        with shown_in(self.out):
+            cfg = getattr(trainer, "cfg", None)
+            first = ("held-out evaluation, then step 1" if getattr(cfg, "eval_every", 0)
+                     else "step 1")
+            self.status = self._with_stop(f"started: {first} (the first point comes after "
+                                          "the first step, the slowest)...")
 
     def _on_rollout(self, trainer: Any, step: int, rollouts: Sequence) -> None:
         with shown_in(self.out):
@@ -191,7 +201,10 @@ class TrainingDashboard(StaticView, ipw.VBox):
         with shown_in(self.out):
             self.rows = _replace_from(self.rows, metrics)
             self.batch = list(records)
-            self.status = self._with_stop(f"step {step}: reward {metrics.get('reward/mean', math.nan):.3f}")
+            seconds = metrics.get("time/step")
+            took = f" in {seconds:.0f} s" if isinstance(seconds, Real) else ""
+            self.status = self._with_stop(
+                f"step {step}{took}: reward {metrics.get('reward/mean', math.nan):.3f}")
 
     def _on_eval(self, trainer: Any, step: int, metrics: Mapping) -> None:
         with shown_in(self.out):

@@ -43,6 +43,7 @@ from labkit.env.sandbox import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit import provenance
 from labkit.loops import metrics as M
+from labkit.loops.background import TrainingStopped, stopped_line
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
                                       held_run_error, latest_checkpoint)
 from labkit.loops.config import (WATCH_FIELDS, OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
@@ -157,30 +158,36 @@ class Trainer(Checkpointing):
                 provenance.record_start(self.run.path)
         if self.is_main:
             self.run.mark_running()
-        if self.step == 0:
-            self.events.emit("on_train_start", trainer=self)
-            if cfg.eval_every:
-                self._evaluate()
         bar = None
-        if progress:
-            from tqdm.auto import tqdm
+        try:
+            if self.step == 0:
+                self.events.emit("on_train_start", trainer=self)
+                if cfg.eval_every:
+                    self._evaluate()
+            if progress:
+                from tqdm.auto import tqdm
 
-            bar = tqdm(total=end, initial=self.step, desc="train", unit="step")
-        while self.step < end and not self._stop:
-            row = self.train_step()
-            rows.append(row)
+                bar = tqdm(total=end, initial=self.step, desc="train", unit="step")
+            while self.step < end and not self._stop:
+                row = self.train_step()
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward/mean']:.3f}", pass1=f"{row['train/pass_at_1']:.2f}")
+                if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                    self._evaluate()
+                if self.is_main and (self.step % cfg.checkpoint_every == 0 or self.step == end
+                                     or self._stop):  # a stop asked for keeps the step it finished
+                    self.save_checkpoint()
+        except TrainingStopped:
+            raise
+        except KeyboardInterrupt:  # the kernel's interrupt or Ctrl-C: one line, no traceback
+            raise TrainingStopped(stopped_line(self)) from None
+        finally:
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward/mean']:.3f}", pass1=f"{row['train/pass_at_1']:.2f}")
-            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
-                self._evaluate()
-            if self.is_main and (self.step % cfg.checkpoint_every == 0 or self.step == end
-                                 or self._stop):  # a stop asked for keeps the step it finished
-                self.save_checkpoint()
-        if bar is not None:
-            bar.close()
-        if self.is_main:
-            self.run.mark_stopped()
+                bar.close()
+            if self.is_main:
+                self.run.mark_stopped()
         if self.step >= cfg.steps:
             self.events.emit("on_train_end", trainer=self)
         return rows
