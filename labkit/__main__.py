@@ -171,8 +171,8 @@ def _read_code(path_text: str, max_bytes: int) -> str:
 
 
 def cmd_sandbox_run(args) -> int:
-    from labkit.env.records import Candidate
-    from labkit.env.sandbox import Sandbox, SandboxConfig
+    from labkit.sandbox.records import Candidate
+    from labkit.sandbox.pool import Sandbox, SandboxConfig
 
     config = SandboxConfig()
     code = _read_code(args.code, config.max_code_bytes)
@@ -237,7 +237,7 @@ def eval_config(args):
 
 
 def cmd_eval(args) -> int:
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.pool import Sandbox
     from labkit.env.tasks import load_tasks
     from labkit.policy.evaluate import evaluate
     from labkit.policy.loading import PolicyLoadError, check_completion_length, load_policy

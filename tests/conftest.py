@@ -53,7 +53,8 @@ def random_model_dir(tmp_path_factory):
 
 def toy_tasks():
     """Four one-line repair tasks with parent-graded tests."""
-    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
 
     specs = [("inc", "x + 1", "x - 1", lambda x: x + 1), ("dbl", "x * 2", "x * 3", lambda x: x * 2),
              ("neg", "-x", "x", lambda x: -x), ("sq", "x * x", "x + x", lambda x: x * x)]

@@ -12,7 +12,8 @@ from labkit.credit.anchors import (align, anchor_records, anchors_frame, ast_uni
                                    find_occurrences, groupability, merge_near_duplicates,
                                    returns_to_go, similarity, synthetic_group, task_anchors)
 from labkit.credit.diffs import normalise_line, normalised_lines, root_diff
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 from labkit.policy.rollout import Rollout
 
 PREFIX = "Fixed:\n"  # chatter before the code, so code_start != 0

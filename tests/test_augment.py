@@ -5,8 +5,8 @@ import random
 import pytest
 from labkit.policy.pretrain_data.augment import identifiers, name_words, rename_identifiers
 from labkit.env.feedback import defines_entry_point
-from labkit.env.records import Candidate
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.records import Candidate
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 
 
@@ -104,7 +104,8 @@ def test_flipped_comparisons_mirror_the_same_ones_in_both_codes_and_stay_valid_b
     code = "def f(xs, k):\n    if k > 14 and 2 <= len(xs) < 9:\n        return xs [0]== k\n    return k != 0\n"
     assert flippable_comparisons(code) == 3  # the chained one is left alone
     # a naive second implementation: the two mirrored comparisons written out by hand
-    from labkit.env.records import RepairTask, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.records import TestSuite
 
     task = RepairTask(task_id="t", problem_id="t", source="synthetic", prompt="def f(xs, k):\n",
                       buggy_code=code, reference_code=code,

@@ -6,7 +6,8 @@ from collections import Counter
 import pytest
 
 from labkit.env.balanced import balanced_tasks, cap_per_template
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 
 
 def fake(i: int, template: str) -> RepairTask:

@@ -17,19 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit.env import bugs
-from labkit.env.records import (
-    AssertTest,
-    BugKind,
-    BugSpan,
-    Candidate,
-    SandboxResult,
-    Status,
-    TestSuite,
-)
+from labkit.sandbox.records import AssertTest, Candidate, SandboxResult, Status, TestSuite
+from labkit.env.records import BugKind, BugSpan
 
 # ------------------------------------------------------------ test helper: a runner
 # Runs *trusted* code (the test's own references and their mutants) in a plain subprocess,
-# one per candidate. It is not a sandbox; the lab's sandbox is labkit.env.sandbox.
+# one per candidate. It is not a sandbox; the lab's sandbox is labkit.sandbox.pool.
 
 _CHILD = r"""
 import json, sys
@@ -54,7 +47,7 @@ print(json.dumps({"loaded": True, "oks": oks}))
 
 
 def subprocess_runner(candidates: Sequence[Candidate]) -> list[SandboxResult]:
-    """A stand-in for labkit.env.sandbox.run_many that runs AssertTests of trusted code."""
+    """A stand-in for labkit.sandbox.pool.run_many that runs AssertTests of trusted code."""
     results = []
     for c in candidates:
         assert not c.tests.cases, "this helper runs AssertTests only"
@@ -766,7 +759,7 @@ def test_cli_prints_a_table_then_a_json_line(monkeypatch, capsys):
 
 
 def test_validation_through_the_sandbox():
-    sandbox = pytest.importorskip("labkit.env.sandbox")
+    sandbox = pytest.importorskip("labkit.sandbox.pool")
     found = bugs.inject_validated(REFERENCE, SUITE, "solve", seed=3, n=4, timeout_s=5)
     assert len(found) == 4
     again = sandbox.run_many([Candidate(i.code, SUITE, "solve", 5) for i in found])

@@ -7,8 +7,7 @@ import random
 import pytest
 from conftest import toy_tasks
 
-from labkit.env.records import (AssertTest, IOCase, SandboxResult, Status, TestOutcome,
-                                TestSuite)
+from labkit.sandbox.records import AssertTest, IOCase, SandboxResult, Status, TestOutcome, TestSuite
 from labkit.loops.episodes import (NO_PUBLIC_TESTS, SELECTORS, CandidateView, Episode,
                                    EpisodeConfig, Turn, format_feedback, run_episodes,
                                    step_records, summarise, turn_prompt)

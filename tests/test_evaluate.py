@@ -3,7 +3,7 @@
 import ast
 
 from conftest import toy_tasks
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import load_policy
 from labkit.policy.rollout import SamplingConfig, sample

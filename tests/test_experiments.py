@@ -539,8 +539,8 @@ def test_the_experiments_per_test_limit_passes_synthetic_references():
     ends a looping candidate at that limit."""
     import time
 
-    from labkit.env.records import Candidate
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.records import Candidate
+    from labkit.sandbox.pool import Sandbox
     from labkit.env.tasks import load_tasks
     from labkit.experiments.config import SYNTHETIC_TEST_TIMEOUT_S, ExperimentConfig, base_train_config
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from labkit.env import feedback as fb
-from labkit.env.records import SandboxResult, Status
+from labkit.sandbox.records import SandboxResult, Status
 
 BUGGY = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total + 1\n"
 FIXED = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
@@ -156,8 +156,9 @@ def test_unparsable_code_is_not_a_reward_hack():
     """A syntax error is priced by r_compile and reported as its own rate, never as a hack:
     the reshaped reward must not subtract w_hack for it, nor the hack monitor count it."""
     from labkit.credit.reshaping import RECIPES, composite_reward
-    from labkit.env.records import IOCase, RepairTask, TestSuite
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.pool import Sandbox
     from labkit.loops import metrics as M
 
     suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
@@ -182,7 +183,7 @@ def test_unparsable_code_is_not_a_reward_hack():
 
 
 def _outcomes(*oks):
-    from labkit.env.records import TestOutcome
+    from labkit.sandbox.records import TestOutcome
 
     outs = tuple(TestOutcome(f"case_{i}", ok) for i, ok in enumerate(oks))
     return SandboxResult(status=Status.PASSED if all(oks) else Status.FAILED,
@@ -218,8 +219,9 @@ def test_feedback_regimes_golden():
 def test_public_regime_pays_for_fitting_the_visible_examples_only():
     """The realistic incomplete-tests case: a program that hard-codes the two visible examples
     is paid in full under `public` and nearly nothing under `dense`."""
-    from labkit.env.records import IOCase, RepairTask, TestSuite
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.pool import Sandbox
 
     cases = tuple(IOCase(args=([i, 1],), expected=i + 1, name=f"case_{i}") for i in range(6))
     task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
@@ -251,8 +253,9 @@ def test_components_record_is_typed_and_reads_like_a_mapping():
         Components.from_dict({"r_test": 1.0})
     with pytest.raises(TypeError, match="r_style must be a number"):
         Components(r_test=1.0, r_pass=1.0, r_style="high")
-    from labkit.env.records import IOCase, RepairTask, TestSuite
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.pool import Sandbox
 
     suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
     task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
@@ -281,8 +284,9 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     """A batch with repeated programs (as a GRPO group has) is checked once per distinct
     program, on a thread beside the code-only components; every component equals what
     scoring each candidate alone gives (the naive second implementation)."""
-    from labkit.env.records import IOCase, RepairTask, TestSuite
-    from labkit.env.sandbox import Sandbox, SandboxConfig
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.pool import Sandbox, SandboxConfig
 
     suite = TestSuite(cases=tuple(IOCase(args=(xs,), expected=sum(xs), name=f"case_{i}")
                                   for i, xs in enumerate(([1, 2], [], [5, -1, 3]))))
@@ -324,7 +328,8 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
 def test_evaluate_many_runs_a_custom_sandbox_in_the_calling_thread():
     """A sandbox object of the caller's own (not labkit's pool) is not driven from a helper
     thread: it may rely on being in the thread that called (signal handlers, say)."""
-    from labkit.env.records import IOCase, RepairTask, TestSuite
+    from labkit.sandbox.records import IOCase, TestSuite
+    from labkit.env.records import RepairTask
 
     suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
     task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",
@@ -342,8 +347,8 @@ def test_evaluate_many_runs_a_custom_sandbox_in_the_calling_thread():
 
 def test_run_distinct_keys_on_the_whole_check():
     """Copies share one check only when code, entry point, deadline and test suite agree."""
-    from labkit.env.records import Candidate, IOCase, TestSuite
-    from labkit.env.sandbox import run_distinct
+    from labkit.sandbox.records import Candidate, IOCase, TestSuite
+    from labkit.sandbox.pool import run_distinct
 
     class Echo:
         def __init__(self):

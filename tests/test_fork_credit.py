@@ -13,7 +13,7 @@ from labkit.credit.advantages import AdvantageInput, compute_advantages, grpo
 from labkit.credit.fork_credit import (assign_to_tokens, didpo_fork, fork_sites, hunk_tokens,
                                        needs_forks, normalise_deltas, spread_over_hunks)
 from labkit.loops.forks import ForkCreditConfig
-from labkit.env.records import SandboxResult, Status
+from labkit.sandbox.records import SandboxResult, Status
 from labkit.experiments.credit import (agreement, average_ranks, hunk_mean, sign_agreement,
                                        spearman)
 from labkit.policy.rollout import Rollout

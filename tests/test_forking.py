@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from labkit.loops.hunks import hunk_effects
-from labkit.env.records import (Candidate, IOCase, RepairTask, SandboxResult, Status,
-                                TestSuite)
+from labkit.sandbox.records import Candidate, IOCase, SandboxResult, Status, TestSuite
+from labkit.env.records import RepairTask
 from labkit.policy import forking as fk
 from labkit.policy.loading import load_policy
 from labkit.policy.prompts import extract_code
@@ -175,7 +175,7 @@ def test_hunk_effects_with_a_fake_runner():
 
 
 def test_hunk_effects_in_the_sandbox():
-    sandbox = pytest.importorskip("labkit.env.sandbox")
+    sandbox = pytest.importorskip("labkit.sandbox.pool")
     effects = hunk_effects([_char_rollout(FIXED)], {"t": _sum_task()}, run=sandbox.run_many)
     assert [round(e.effect, 6) for e in effects] == [0.0, round(2 / 3, 6), 0.0]
     assert all(e.reward == 1.0 for e in effects)

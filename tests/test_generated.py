@@ -7,8 +7,8 @@ import random
 
 from labkit.env import synthetic
 from labkit.policy.pretrain_data import generated
-from labkit.env.records import Candidate, Status
-from labkit.env.sandbox import run_many
+from labkit.sandbox.records import Candidate, Status
+from labkit.sandbox.pool import run_many
 from labkit.env.tasks import load_tasks
 
 WORDS = ("total", "mark", "shift", "pair", "value")

@@ -9,7 +9,8 @@ import pytest
 
 from labkit.env import humaneval as he
 from labkit.env.humanevalpack import load_humanevalpack
-from labkit.env.records import AssertTest, BugKind, Candidate, IOCase
+from labkit.sandbox.records import AssertTest, Candidate, IOCase
+from labkit.env.records import BugKind
 
 FIXTURE = Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl"
 
@@ -157,7 +158,7 @@ def test_public_suite_prefers_docstring_examples_else_a_third_of_the_cases(probl
 
 
 def test_every_canonical_solution_passes_its_suite_in_the_sandbox(problems):
-    from labkit.env.sandbox import run_many
+    from labkit.sandbox.pool import run_many
 
     candidates = [Candidate(he.reference_code(p), he.problem_to_suite(p), p["entry_point"],
                             id=p["task_id"]) for p in problems]
@@ -279,7 +280,7 @@ def test_a_broken_optional_example_test_falls_back_to_the_docstring_with_a_warni
     fix = tasks[1]
     assert [(c.args, c.expected) for c in fix.public_tests.cases] == [
         ((["()(", ")"],), "Yes"), (([")", ")"],), "No")]
-    from labkit.env.sandbox import run_many
+    from labkit.sandbox.pool import run_many
 
     reference, buggy, public = run_many([
         Candidate(fix.reference_code, fix.tests, fix.entry_point),

@@ -36,7 +36,7 @@ def test_floors_import_only_floors_below():
 def test_env_floor_never_imports_torch():
     for py in (ROOT / "labkit" / "env").rglob("*.py"):
         assert not any(m.split(".")[0] in {"torch", "transformers", "peft"} for m in _imports(py)), py
-    code = ("import sys, labkit.env.tasks, labkit.env.bugs, labkit.env.sandbox, labkit.env.feedback;"
+    code = ("import sys, labkit.env.tasks, labkit.env.bugs, labkit.sandbox.pool, labkit.env.feedback;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -53,8 +53,8 @@ def test_the_credit_floor_never_runs_the_sandbox():
     """Credit receives effects as data (hunk values, fork rewards): running programs is the
     environment's and the loops' work."""
     bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit" / "credit").rglob("*.py")
-           for m in _imports(py) if m in ("labkit.env.sandbox", "labkit.env.feedback", "labkit.env.tasks")
-           or m.startswith("labkit.env.sandbox.")]
+           for m in _imports(py) if m in ("labkit.sandbox.pool", "labkit.env.feedback", "labkit.env.tasks")
+           or m.startswith("labkit.sandbox.pool.")]
     assert not bad, "\n".join(bad)
 
 

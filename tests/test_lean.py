@@ -121,7 +121,8 @@ def test_distinct_rows_golden():
 
 
 def test_lean_engine_samples_the_loop_engines_tokens(random_model_dir, lean_attention):
-    from labkit.env.records import RepairTask, TestSuite
+    from labkit.env.records import RepairTask
+    from labkit.sandbox.records import TestSuite
     from labkit.policy.loading import load_policy
 
     policy = load_policy(str(random_model_dir))

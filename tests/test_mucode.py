@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import toy_tasks
 
-from labkit.env.records import TestSuite
+from labkit.sandbox.records import TestSuite
 from labkit.loops.episodes import Episode, EpisodeConfig, Turn
 from labkit.loops.mucode import (MucodeConfig, MucodeTasks, choose_experts, collect_programs,
                                  collected_examples, relabel, run_mucode, split_tasks)

@@ -1,4 +1,5 @@
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 from labkit.policy.prompts import build_prompt, extract_code, plain_prompt
 
 TASK = RepairTask(task_id="t", problem_id="p", source="s", prompt="", entry_point="f",

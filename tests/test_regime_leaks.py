@@ -20,8 +20,8 @@ from conftest import toy_tasks
 from labkit.config import from_dict
 from labkit.credit.reshaping import recipe
 from labkit.env import feedback as feedback_module
-from labkit.env.records import SandboxResult, Status, TestOutcome, TestSuite
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.records import SandboxResult, Status, TestOutcome, TestSuite
+from labkit.sandbox.pool import Sandbox
 from labkit.loops.trainer import TrainConfig, Trainer
 
 VISIBLE = ("case_0", "case_1")

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 from labkit.policy.loading import load_policy
 from labkit.policy.rollout import (SamplingConfig, collate, pass_at_k, sample, select_rows,
                                    sequence_logprobs, token_offsets)

@@ -20,9 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from labkit.env import cgroups, hackscan
-from labkit.env.records import AssertTest, Candidate, IOCase, Status, TestSuite
-from labkit.env.sandbox import Sandbox, SandboxConfig, grade, run_many, schedule
+from labkit.sandbox import cgroups, hackscan
+from labkit.sandbox.records import AssertTest, Candidate, IOCase, Status, TestSuite
+from labkit.sandbox.pool import Sandbox, SandboxConfig, grade, run_many, schedule
 
 IS_ROOT = os.geteuid() == 0
 ADD = "def add(a, b):\n    return a + b\n"

@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from labkit.env.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
-from labkit.env.sandbox import Sandbox, SandboxConfig
+from labkit.sandbox.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
+from labkit.sandbox.pool import Sandbox, SandboxConfig
 
 IS_ROOT = os.geteuid() == 0
 SECRET = "labkit-secret-6f1d2c"  # an expected value no honest program returns
@@ -1368,7 +1368,7 @@ def test_a_hash_colliding_reply_to_the_grader_costs_only_its_own_check(sandbox):
 def test_slow_grading_never_times_out_another_worker(monkeypatch):
     """A worker whose reply is waiting while the parent grades another one is not judged
     "stopped answering": its deadline counts until its reply was readable."""
-    from labkit.env import sandbox as sandbox_module
+    from labkit.sandbox import pool as sandbox_module
 
     real_grade = sandbox_module.grade
 
@@ -1389,7 +1389,7 @@ def test_slow_grading_never_times_out_another_worker(monkeypatch):
 
 
 def test_a_grading_failure_is_confined_to_its_check(monkeypatch):
-    from labkit.env import sandbox as sandbox_module
+    from labkit.sandbox import pool as sandbox_module
 
     real_grade = sandbox_module.grade
 

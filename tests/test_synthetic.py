@@ -8,8 +8,8 @@ import pytest
 
 from labkit.env import synthetic as sy
 from labkit.env.humaneval import docstring_examples
-from labkit.env.plain import strict_equal
-from labkit.env.records import Candidate, IOCase, TestSuite
+from labkit.sandbox.plain import strict_equal
+from labkit.sandbox.records import Candidate, IOCase, TestSuite
 
 PER_FAMILY = 40
 
@@ -127,7 +127,7 @@ def test_choose_examples_puts_failing_cases_first():
 
 
 def test_the_reference_passes_its_tests_in_the_sandbox(by_family):
-    from labkit.env.sandbox import run_many
+    from labkit.sandbox.pool import run_many
 
     problems = [p for ps in by_family.values() for p in ps[:6]]
     results = run_many([Candidate(p.reference_code, p.tests, p.entry_point, 2.0, id=p.problem_id)

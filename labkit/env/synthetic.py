@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any
 
-from labkit.env.records import IOCase, TestSuite
+from labkit.sandbox.records import IOCase, TestSuite
 
 N_TESTS = 8  # IOCases per problem
 N_EXAMPLES = 3  # examples shown in the prompt

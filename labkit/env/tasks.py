@@ -52,13 +52,14 @@ from labkit.env import bugs, humaneval, synthetic
 from labkit.env.edits import revert_hunks, split_hunks
 from labkit.env.humanevalpack import load_humanevalpack
 from labkit.env.overlap import ReferencePool, pool_entries
-from labkit.env.records import BugSpan, Candidate, RepairTask, SandboxResult, Split, TestSuite
-from labkit.env.sandbox import run_many
+from labkit.env.records import BugSpan, RepairTask, Split
+from labkit.sandbox.records import Candidate, SandboxResult, TestSuite
+from labkit.sandbox.pool import run_many
 from labkit.seeding import derive_seed
 
 Runner = Callable[[Sequence[Candidate]], list[SandboxResult]]
 """Runs candidates in a sandbox, one result per candidate, in order
-(:func:`labkit.env.sandbox.run_many` by default)."""
+(:func:`labkit.sandbox.pool.run_many` by default)."""
 
 SOURCES = ("humaneval", "synthetic", "humanevalpack")
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
@@ -348,7 +349,7 @@ def load_tasks(source: str, split: str | None = None, *, n: int | None = None, s
     """Load repair tasks from a source; the parameters are documented on :class:`TaskSpec`.
 
     Task ids are ``f"{source}/{problem_id}/bug{k}"``. ``runner`` replaces the sandbox
-    (default :func:`labkit.env.sandbox.run_many`). ``cache=False`` neither reads nor writes the
+    (default :func:`labkit.sandbox.pool.run_many`). ``cache=False`` neither reads nor writes the
     cache; ``progress`` shows a bar over problems while bugs are injected.
     """
     spec = TaskSpec(source, split, n, seed, str(path) if path else None, bugs_per_problem,

@@ -41,8 +41,8 @@ import torch
 
 from labkit.config import to_record
 from labkit.credit.advantages import AdvantageInput, compute_advantages
-from labkit.env.records import Candidate
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.records import Candidate
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit import provenance
 from labkit.credit.advantages import HunkValues

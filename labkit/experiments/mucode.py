@@ -41,7 +41,7 @@ from pathlib import Path
 
 from labkit.config import to_record
 from labkit.env.overlap import ReferencePool
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit import provenance
 from labkit.experiments.claims import Contrast

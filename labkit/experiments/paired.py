@@ -30,7 +30,7 @@ from pathlib import Path
 from labkit.config import from_dict
 from labkit.env.balanced import balanced_synthetic
 from labkit.env.overlap import ReferencePool
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit.experiments import stats
 from labkit.experiments.config import ExperimentConfig, ReuseError

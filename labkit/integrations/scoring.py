@@ -17,7 +17,7 @@ from labkit.credit.pipeline import Credit
 from labkit.credit.reshaping import ReshapeConfig, check_regime, recipe
 from labkit.env.feedback import BuggyBaselines, FeedbackConfig, evaluate_many
 from labkit.env.records import Components, RepairTask
-from labkit.env.sandbox import default_sandbox
+from labkit.sandbox.pool import default_sandbox
 from labkit.policy.prompts import extract_code
 
 

@@ -51,8 +51,9 @@ from typing import Callable, Sequence
 
 from labkit.credit.anchors import returns_to_go
 from labkit.registry import Registry
-from labkit.env.records import Candidate, RepairTask, SandboxResult, TestSuite
-from labkit.env.sandbox import default_sandbox
+from labkit.sandbox.records import Candidate, SandboxResult, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.pool import default_sandbox
 from labkit.policy.prompts import build_prompt
 from labkit.policy.rollout import SamplingConfig, sample
 from labkit.seeding import derive_seed

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from labkit.credit.advantages import HunkValues
 from labkit.credit.oracle import shapley_values
 from labkit.env.edits import Hunk, revert_hunks, rollout_hunks
-from labkit.env.records import Candidate, RepairTask, Rollout, SandboxResult
-from labkit.env.sandbox import run_many
+from labkit.sandbox.records import Candidate, SandboxResult
+from labkit.env.records import RepairTask, Rollout
+from labkit.sandbox.pool import run_many
 from labkit.loops.stages import Score, Stage, StepContext
 
 
@@ -133,7 +134,7 @@ def hunk_effects(rollouts: Sequence[Rollout], tasks: Mapping[str, RepairTask], *
 
     ``effect_k = R(c) - R(c without h_k)``, ``R = reward(result)`` on the task's hidden tests.
     Every distinct program runs once, all in one ``run`` batch (default
-    :func:`labkit.env.sandbox.run_many`).
+    :func:`labkit.sandbox.pool.run_many`).
     """
     run = run or run_many
     plans = []

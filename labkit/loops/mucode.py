@@ -30,7 +30,7 @@ from typing import Literal, Sequence
 
 from labkit.config import to_dict
 from labkit.env.records import RepairTask
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.loops.episodes import (NEEDS_VERIFIER, SELECTORS, Episode, EpisodeConfig, run_episodes,
                                    step_records, summarise)

@@ -39,7 +39,7 @@ from labkit.credit.pipeline import Credit, CreditInput, baseline_term
 from labkit.credit.reshaping import CurriculumSampler
 from labkit.env.feedback import BuggyBaselines, ProgressTracker, evaluate_many, told_pass
 from labkit.env.records import Components, RepairTask
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit import provenance
 from labkit.loops import metrics as M

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from labkit.env.feedback import defines_entry_point, is_noop
-from labkit.env.records import Candidate, RepairTask
-from labkit.env.sandbox import default_sandbox, run_distinct
+from labkit.sandbox.records import Candidate
+from labkit.env.records import RepairTask
+from labkit.sandbox.pool import default_sandbox, run_distinct
 from labkit.policy.rollout import SamplingConfig, pass_at_k, sample
 
 

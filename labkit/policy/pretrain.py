@@ -27,7 +27,7 @@ from labkit.config import to_record
 from labkit.policy.pretrain_data.augment import RENAME_STYLES, flip_comparisons, name_words, relabel_strings, rename_identifiers
 from labkit.env.balanced import balanced_synthetic
 from labkit.policy.pretrain_data.generated import generated_tasks, held_out_shapes, shape_key
-from labkit.env.sandbox import Sandbox
+from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit.policy import tiny
 from labkit.policy.evaluate import EvalConfig, evaluate

@@ -27,7 +27,8 @@ from typing import Iterable, Sequence
 
 import libcst as cst
 
-from labkit.env.records import RepairTask, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.records import TestSuite
 
 _CONSONANTS = "bcdfghjklmnprstvwxz"
 _VOWELS = "aeiou"

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 
 from labkit.env import bugs, synthetic
 from labkit.policy.pretrain_data.augment import fresh_name
-from labkit.env.records import Candidate, RepairTask, TestSuite
-from labkit.env.sandbox import run_many
+from labkit.sandbox.records import Candidate, TestSuite
+from labkit.env.records import RepairTask
+from labkit.sandbox.pool import run_many
 from labkit.env.tasks import Split, template_split
 from labkit.seeding import derive_seed
 

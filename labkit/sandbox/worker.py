@@ -1,6 +1,6 @@
 """Fork-server worker of labkit's sandbox (see ``docs/sandbox.md``).
 
-The parent (:class:`labkit.env.sandbox.Sandbox`) starts one of these per core with a minimal
+The parent (:class:`labkit.sandbox.pool.Sandbox`) starts one of these per core with a minimal
 environment and ``python -s -P <this file>`` (``python -I`` works as well, but then the hash
 seed is random and set iteration order differs between workers). It imports only the standard
 library and ``plain.py``, loaded by path, so a candidate never shares a process with labkit,

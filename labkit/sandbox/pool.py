@@ -2,16 +2,16 @@
 
 Design (the threat model, and which test checks each answer, are in ``docs/sandbox.md``):
 
-* **Grade in the parent.** For an :class:`~labkit.env.records.IOCase` the sandboxed child
+* **Grade in the parent.** For an :class:`~labkit.sandbox.records.IOCase` the sandboxed child
   only calls ``entry_point(*args)`` and sends the output back as tagged JSON
-  (:mod:`labkit.env.plain`, exact builtin types only). The expected value never leaves this
-  process; it is compared here with :func:`~labkit.env.plain.strict_equal` (or the case's
+  (:mod:`labkit.sandbox.plain`, exact builtin types only). The expected value never leaves this
+  process; it is compared here with :func:`~labkit.sandbox.plain.strict_equal` (or the case's
   ``approx`` / ``truthy`` / ``falsy`` mode). Always-equal objects, ``int``/``str`` subclasses,
   patched builtins and forged result lines therefore earn nothing. Outputs are decoded with
-  :func:`~labkit.env.plain.decode_untrusted`: it never raises and costs time linear in the
+  :func:`~labkit.sandbox.plain.decode_untrusted`: it never raises and costs time linear in the
   reply (a malformed reply voids that one check), and a grading failure is confined to its
   check.
-* **No verdict in the candidate's process.** An :class:`~labkit.env.records.AssertTest` runs
+* **No verdict in the candidate's process.** An :class:`~labkit.sandbox.records.AssertTest` runs
   in the worker's *grader*, a trusted process forked before the child that never runs
   candidate code: ``candidate`` is a proxy whose calls go to the child and come back as
   plain data. Its verdicts travel on a pipe no process of the check holds
@@ -21,8 +21,8 @@ Design (the threat model, and which test checks each answer, are in ``docs/sandb
   mount and IPC namespaces), so there is no interpreter start and no re-import per check.
 * **Confinement per check**: new session, rlimits (CPU, address space, processes, file size,
   open files, no core), a cgroup capping the memory and the processes of all the check's
-  processes together (:mod:`labkit.env.cgroups`), a dedicated non-root uid per worker,
-  ``no_new_privs``, a seccomp system-call filter (:mod:`labkit.env.syscall_filter`), the
+  processes together (:mod:`labkit.sandbox.cgroups`), a dedicated non-root uid per worker,
+  ``no_new_privs``, a seccomp system-call filter (:mod:`labkit.sandbox.syscall_filter`), the
   uid's keyrings emptied, stdin and stdout on ``/dev/null``, stderr and results on capped
   pipes, a private working directory, a fresh IPC namespace and a fresh PID namespace (the
   check is pid 1 and has a ``/proc`` of its own), a wall deadline enforced by the worker,
@@ -73,22 +73,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Self
 
-from labkit.env import plain
-from labkit.env.hackscan import MAX_SCAN_BYTES, scan
-from labkit.env.records import (
-    AssertTest,
-    Candidate,
-    IOCase,
-    SandboxResult,
-    Status,
-    TestOutcome,
-    TestSuite,
-)
-from labkit.env.syscall_filter import compile_filter
+from labkit.sandbox import plain
+from labkit.sandbox.hackscan import MAX_SCAN_BYTES, scan
+from labkit.sandbox.records import (AssertTest, Candidate, IOCase, SandboxResult, Status,
+                                    TestOutcome, TestSuite)
+from labkit.sandbox.syscall_filter import compile_filter
 
-WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 COMPARE_MODES = ("eq", "approx", "truthy", "falsy")
-_FRAME = struct.Struct(">II")  # header length, payload length (as in _worker.py)
+_FRAME = struct.Struct(">II")  # header length, payload length (as in worker.py)
 _WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                "PYTHONHASHSEED": "0"}  # the only environment a worker (and /proc/*/environ) has
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # plus HOME, TMPDIR
@@ -162,7 +155,7 @@ class SandboxConfig:
     stderr_tail_bytes: int = 2048
     """How much of the end of stderr a result keeps."""
     use_seccomp: bool = True
-    """Install the seccomp system-call filter (:mod:`labkit.env.syscall_filter`) in every
+    """Install the seccomp system-call filter (:mod:`labkit.sandbox.syscall_filter`) in every
     check's processes. Needs libseccomp and ``pyseccomp``; where they are missing the
     ``seccomp`` protection is off, :attr:`Sandbox.notes` says why and a warning is issued."""
     use_namespaces: bool = True
@@ -818,7 +811,7 @@ def _parse(payload: bytes, first: int, stop: int, child: bool) -> _Transcript:
     """The child's lines must be: load, then one per IO case in order (tests ``first`` to
     ``stop - 1``), then end; the grader's: one per assert test in order, then end. Nothing
     else: a line out of place, or an output that does not decode
-    (:func:`~labkit.env.plain.decode_untrusted`), voids the whole check. An incomplete last
+    (:func:`~labkit.sandbox.plain.decode_untrusted`), voids the whole check. An incomplete last
     line (the process was killed mid-write) is ignored. Outputs are decoded here, once."""
     t = _Transcript(loaded=not child)
     lines = payload.split(b"\n")[:-1]
