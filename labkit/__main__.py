@@ -172,7 +172,8 @@ def _read_code(path_text: str, max_bytes: int) -> str:
 
 def cmd_sandbox_run(args) -> int:
     from labkit.sandbox.records import Candidate
-    from labkit.sandbox.pool import Sandbox, SandboxConfig
+    from labkit.sandbox.pool import Sandbox
+    from labkit.sandbox.config import SandboxConfig
 
     config = SandboxConfig()
     code = _read_code(args.code, config.max_code_bytes)

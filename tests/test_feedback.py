@@ -286,7 +286,8 @@ def test_evaluate_many_checks_each_program_once_and_matches_one_by_one():
     scoring each candidate alone gives (the naive second implementation)."""
     from labkit.sandbox.records import IOCase, TestSuite
     from labkit.env.records import RepairTask
-    from labkit.sandbox.pool import Sandbox, SandboxConfig
+    from labkit.sandbox.pool import Sandbox
+    from labkit.sandbox.config import SandboxConfig
 
     suite = TestSuite(cases=tuple(IOCase(args=(xs,), expected=sum(xs), name=f"case_{i}")
                                   for i, xs in enumerate(([1, 2], [], [5, -1, 3]))))

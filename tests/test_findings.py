@@ -83,7 +83,7 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     train = page[page.index("### `TrainConfig`"):]
     for f in dataclasses.fields(TrainConfig):
         assert f"| `{f.name}` |" in train, f.name
-    from labkit.sandbox.pool import SandboxConfig
+    from labkit.sandbox.config import SandboxConfig
 
     assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count
 

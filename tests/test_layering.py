@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ["env", "policy", "credit", "loops", "integrations"]  # bottom to top; widgets above loops
+FLOORS = ["sandbox", "env", "policy", "credit", "loops", "integrations"]  # bottom to top; widgets above loops
 
 
 def _imports(path: Path) -> set[str]:
@@ -34,7 +34,7 @@ def test_floors_import_only_floors_below():
 
 
 def test_env_floor_never_imports_torch():
-    for py in (ROOT / "labkit" / "env").rglob("*.py"):
+    for py in [*(ROOT / "labkit" / "sandbox").rglob("*.py"), *(ROOT / "labkit" / "env").rglob("*.py")]:
         assert not any(m.split(".")[0] in {"torch", "transformers", "peft"} for m in _imports(py)), py
     code = ("import sys, labkit.env.tasks, labkit.env.bugs, labkit.sandbox.pool, labkit.env.feedback;"
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad")
@@ -53,8 +53,8 @@ def test_the_credit_floor_never_runs_the_sandbox():
     """Credit receives effects as data (hunk values, fork rewards): running programs is the
     environment's and the loops' work."""
     bad = [f"{py.relative_to(ROOT)} imports {m}" for py in (ROOT / "labkit" / "credit").rglob("*.py")
-           for m in _imports(py) if m in ("labkit.sandbox.pool", "labkit.env.feedback", "labkit.env.tasks")
-           or m.startswith("labkit.sandbox.pool.")]
+           for m in _imports(py) if m in ("labkit.sandbox", "labkit.env.feedback", "labkit.env.tasks")
+           or m.startswith("labkit.sandbox.")]
     assert not bad, "\n".join(bad)
 
 

@@ -22,7 +22,10 @@ import pytest
 
 from labkit.sandbox import cgroups, hackscan
 from labkit.sandbox.records import AssertTest, Candidate, IOCase, Status, TestSuite
-from labkit.sandbox.pool import Sandbox, SandboxConfig, grade, run_many, schedule
+from labkit.sandbox.pool import Sandbox, run_many
+from labkit.sandbox.config import SandboxConfig
+from labkit.sandbox.grading import grade
+from labkit.sandbox.jobs import schedule
 
 IS_ROOT = os.geteuid() == 0
 ADD = "def add(a, b):\n    return a + b\n"
@@ -304,6 +307,27 @@ def test_without_namespaces_or_uid_the_sandbox_says_so_and_still_works():
         loop = sb.run(Candidate("def add(a, b):\n    while True: pass\n", ADD_SUITE, "add",
                                 timeout_s=0.3))
         assert loop.status is Status.TIMEOUT
+
+
+WORKER_SIDE = ("cgroups", "child", "grader", "isolation", "plain", "syscalls", "view", "wire")
+"""The sandbox's standard-library-only modules a worker loads (labkit.sandbox.worker)."""
+
+
+def test_a_worker_holds_only_the_standard_library_and_its_own_worker_side_modules(sandbox):
+    """A check's process (forked from its warm worker) holds the modules the worker imported:
+    the interpreter's own at start, standard library modules, and the sandbox's worker-side
+    modules under ``_labkit_sandbox``; nothing of labkit's parent side, torch or numpy."""
+    bare = subprocess.run([sys.executable, "-s", "-P", "-c", "import sys; print(*sys.modules)"],
+                          capture_output=True, text=True, check=True, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}).stdout.split()
+    code = ("import sys\n"
+            "def f():\n"
+            "    return sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names\n"
+            "                  and not m.startswith('_sysconfigdata_'))\n")  # the platform's, for sysconfig
+    want = sorted({m for m in bare if m.split(".")[0] not in sys.stdlib_module_names}
+                  | {"_labkit_sandbox", *(f"_labkit_sandbox.{name}" for name in WORKER_SIDE)})
+    r = sandbox.run(Candidate(code, suite(IOCase((), want)), "f"))
+    assert r.ok, r.outcomes[0].detail
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: namespaces")

