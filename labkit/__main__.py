@@ -370,9 +370,10 @@ class _Stop:
 
 
 def cmd_train(args) -> int:
-    from labkit.loops.events import RunFolder
-    from labkit.loops.resume import checkpoint_step, record_changes
-    from labkit.loops.trackers import TrackerError
+    from labkit.runs.events import RunFolder
+    from labkit.loops.resume import checkpoint_step
+    from labkit.runs.history import record_changes
+    from labkit.runs.trackers import TrackerError
     from labkit import provenance
     from labkit.loops.trainer import CheckpointError, RunFolderError, Trainer, latest_checkpoint
     from labkit.policy.loading import PolicyLoadError
@@ -458,7 +459,7 @@ def cmd_docs(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from labkit.loops.runs import format_table, runs_table
+    from labkit.runs.table import format_table, runs_table
 
     root = Path(args.dir)
     if not root.is_dir():
@@ -480,7 +481,7 @@ def cmd_runs(args) -> int:
 
 def cmd_mucode(args) -> int:
     from labkit.config import ConfigError, apply_overrides, load_yaml
-    from labkit.loops.mucode import MucodeConfig, run_mucode
+    from labkit.mucode.loop import MucodeConfig, run_mucode
     from labkit.policy.loading import PolicyLoadError
 
     try:

@@ -37,7 +37,7 @@ CONFIGS = [
     "labkit.loops.config:TrainConfig",
     "labkit.policy.evaluate:EvalConfig",
     "labkit.policy.pretrain:PretrainConfig",
-    "labkit.loops.mucode:MucodeConfig",
+    "labkit.mucode.loop:MucodeConfig",
     "labkit.experiments.config:ExperimentConfig",
     "labkit.experiments.learning:Config",
     "labkit.experiments.reshaping:Config",

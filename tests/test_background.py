@@ -83,7 +83,7 @@ def test_the_interrupted_trainer_says_where_it_stopped_in_one_line(random_model_
     from test_trainer import _cfg
 
     from conftest import toy_tasks
-    from labkit.loops.events import RunFolder
+    from labkit.runs.events import RunFolder
     from labkit.loops.trainer import Trainer
 
     cfg = _cfg(tmp_path / "run", random_model_dir, steps=5)

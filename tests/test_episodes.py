@@ -8,9 +8,9 @@ import pytest
 from conftest import toy_tasks
 
 from labkit.sandbox.records import AssertTest, IOCase, SandboxResult, Status, TestOutcome, TestSuite
-from labkit.loops.episodes import (NO_PUBLIC_TESTS, SELECTORS, CandidateView, Episode,
-                                   EpisodeConfig, Turn, format_feedback, run_episodes,
-                                   step_records, summarise, turn_prompt)
+from labkit.mucode.episodes import (NO_PUBLIC_TESTS, SELECTORS, CandidateView, Episode,
+                                    EpisodeConfig, Turn, format_feedback, run_episodes,
+                                    step_records, summarise, turn_prompt)
 
 SUITE = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),
                          IOCase(args=([],), expected=0, name="case_1"),
@@ -99,7 +99,7 @@ def test_the_oracle_selector_reads_the_hidden_verdict_and_nothing_else_does():
     assert SELECTORS.get("oracle")(none, random.Random(0)) == SELECTORS.get("public_tests")(none, random.Random(0))
     with pytest.raises(ValueError, match="hidden verdicts"):
         SELECTORS.get("oracle")(VIEWS, random.Random(0))
-    from labkit.loops.episodes import READS_HIDDEN
+    from labkit.mucode.episodes import READS_HIDDEN
 
     assert READS_HIDDEN == {"oracle"}
 
@@ -199,7 +199,7 @@ def test_runner_logic_with_scripted_candidates(monkeypatch):
     prompt, the selectors' choices and that selectors share turn 1's samples."""
     from types import SimpleNamespace
 
-    import labkit.loops.episodes as E
+    import labkit.mucode.episodes as E
 
     calls = []
 

@@ -159,7 +159,7 @@ def test_unparsable_code_is_not_a_reward_hack():
     from labkit.sandbox.records import IOCase, TestSuite
     from labkit.env.records import RepairTask
     from labkit.sandbox.pool import Sandbox
-    from labkit.loops import metrics as M
+    from labkit.runs import metrics as M
 
     suite = TestSuite(cases=(IOCase(args=([1, 2],), expected=3, name="case_0"),))
     task = RepairTask(task_id="t/f/bug0", problem_id="t/f", source="toy", prompt="",

@@ -1,4 +1,5 @@
-"""The house's floors: each imports only the floors below it; the env floor has no torch."""
+"""The house's floors: each room (a package of labkit) imports only rooms on the floors below
+it; the sandbox and env floors have no torch."""
 
 import ast
 import subprocess
@@ -6,7 +7,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ["sandbox", "env", "policy", "credit", "loops", "integrations"]  # bottom to top; widgets above loops
+FLOORS = [("sandbox",), ("env",), ("policy",), ("credit",), ("runs", "integrations"),
+          ("loops", "mucode"), ("experiments",), ("bench",)]
+"""labkit's rooms, floor by floor from the bottom (``widgets`` and the notebooks above them all).
+A room imports rooms of lower floors only: none of its own floor, none above. The top-level
+modules beside them (``config``, ``registry``, ``seeding``, ``provenance``, ``machine``) serve
+every floor."""
+FLOOR_OF = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 
 
 def _imports(path: Path) -> set[str]:
@@ -19,14 +26,21 @@ def _imports(path: Path) -> set[str]:
     return mods
 
 
-def test_floors_import_only_floors_below():
+def test_every_package_of_labkit_is_a_room_on_a_floor():
+    packages = {p.parent.name for p in (ROOT / "labkit").glob("*/__init__.py")}
+    assert packages == set(FLOOR_OF), f"place {sorted(packages - set(FLOOR_OF))} on a floor"
+
+
+def test_rooms_import_only_rooms_on_the_floors_below():
     bad = []
-    for i, floor in enumerate(FLOORS):
-        above = {f"labkit.{f}" for f in FLOORS[i + 1:]} | {"widgets"}
-        for py in (ROOT / "labkit" / floor).rglob("*.py"):
+    for room, floor in FLOOR_OF.items():
+        for py in (ROOT / "labkit" / room).rglob("*.py"):
             for m in _imports(py):
-                if any(m == a or m.startswith(a + ".") for a in above):
-                    bad.append(f"{py.relative_to(ROOT)} imports {m}")
+                parts = m.split(".")
+                other = parts[1] if parts[0] == "labkit" and len(parts) > 1 else None
+                if other in FLOOR_OF and other != room and FLOOR_OF[other] >= floor:
+                    bad.append(f"{py.relative_to(ROOT)} imports {m} (floor {FLOOR_OF[other]}, "
+                               f"{room} is on floor {floor})")
     for py in (ROOT / "labkit").rglob("*.py"):
         if any(m == "widgets" or m.startswith("widgets.") for m in _imports(py)):
             bad.append(f"{py.relative_to(ROOT)} imports widgets")

@@ -9,10 +9,10 @@ import torch
 from conftest import toy_tasks
 
 from labkit.sandbox.records import TestSuite
-from labkit.loops.episodes import Episode, EpisodeConfig, Turn
-from labkit.loops.mucode import (MucodeConfig, MucodeTasks, choose_experts, collect_programs,
-                                 collected_examples, relabel, run_mucode, split_tasks)
-from labkit.loops.verifier import VerifierConfig
+from labkit.mucode.episodes import Episode, EpisodeConfig, Turn
+from labkit.mucode.loop import (MucodeConfig, MucodeTasks, choose_experts, collect_programs,
+                                collected_examples, relabel, run_mucode, split_tasks)
+from labkit.mucode.verifier import VerifierConfig
 from labkit.policy.sft import SFTConfig
 
 
@@ -84,7 +84,7 @@ def _nll(model, tok, pairs):
 
 
 def test_expert_iteration_end_to_end(random_model_dir, tmp_path):
-    from labkit.loops.events import EventBus
+    from labkit.runs.events import EventBus
     from labkit.policy.loading import load_policy
     from labkit.policy.prompts import plain_prompt
 

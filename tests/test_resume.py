@@ -9,8 +9,9 @@ import yaml
 
 from conftest import toy_tasks
 from labkit.__main__ import main
-from labkit.loops.resume import config_changes, history_text, refused
-from labkit.loops.runs import format_table, runs_table
+from labkit.runs.history import config_changes, history_text
+from labkit.loops.resume import refused
+from labkit.runs.table import format_table, runs_table
 from test_bad_inputs import run_main, snapshot
 
 

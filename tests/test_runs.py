@@ -14,8 +14,7 @@ import yaml
 from conftest import toy_tasks
 from labkit.config import to_dict
 from labkit.credit.reshaping import recipe
-from labkit.loops.runs import (differing_fields, format_wall, recipe_name, run_status,
-                               runs_table)
+from labkit.runs.table import differing_fields, format_wall, recipe_name, run_status, runs_table
 from labkit.loops.trainer import Trainer
 from test_trainer import _cfg
 

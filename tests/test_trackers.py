@@ -19,9 +19,9 @@ import yaml
 
 from conftest import toy_tasks
 from labkit.config import to_dict
-from labkit.loops.trackers import (INSTALL, SAMPLE_COLUMNS, TrackerError, flat_config,
-                                   mlflow_key, pick_samples, report_to_names, samples_markdown,
-                                   scalars, wandb_history, wandb_records)
+from labkit.runs.trackers import (INSTALL, SAMPLE_COLUMNS, TrackerError, flat_config, mlflow_key,
+                                  pick_samples, report_to_names, samples_markdown, scalars,
+                                  wandb_history, wandb_records)
 from labkit.loops.trainer import Trainer
 from test_trainer import _cfg
 
@@ -340,10 +340,10 @@ def test_a_tracker_failing_mid_run_warns_once_and_training_goes_on(toy_model_dir
             next(t for t in tr.trackers.live if t.name == "wandb").run.finish()
 
     tr.events.on("on_step_end", close_the_store)
-    with caplog.at_level(logging.WARNING, logger="labkit.loops.trackers"):
+    with caplog.at_level(logging.WARNING, logger="labkit.runs.trackers"):
         tr.train(progress=False)
         tr.close()
-    warned = [r.getMessage() for r in caplog.records if r.name == "labkit.loops.trackers"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "labkit.runs.trackers"]
     assert len(warned) == 1 and warned[0].startswith("tracker wandb failed")
     assert "training goes on without it" in warned[0]
     assert len(tr.run.read("metrics.jsonl")) == 3

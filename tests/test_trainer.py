@@ -133,7 +133,7 @@ def test_a_folder_holding_another_run_is_refused(toy_model_dir, tmp_path):
 
 
 def test_reading_a_run_folder_creates_nothing(tmp_path):
-    from labkit.loops.events import RunFolder
+    from labkit.runs.events import RunFolder
 
     run = RunFolder(tmp_path / "nothing")
     assert run.read("metrics.jsonl") == [] and not run.holds_run()
@@ -314,7 +314,7 @@ def test_rollout_records_are_typed_and_a_custom_reward_fakes_no_sandbox(random_m
     """``rollouts.jsonl`` rows are :class:`RolloutRecord` dicts; with a user ``reward_fn`` they
     say status ``custom`` and carry no tests (no made-up sandbox result); a row missing a field
     is an error naming the file and line."""
-    from labkit.loops.records import RolloutRecord, read_rollouts
+    from labkit.runs.records import RolloutRecord, read_rollouts
     from labkit.loops.trainer import Trainer
 
     def reward(tasks, rollouts):
@@ -339,7 +339,7 @@ def test_rollout_record_to_dict_equals_asdict_and_shares_nothing():
     second implementation), with no list or dict shared with the record."""
     import dataclasses
 
-    from labkit.loops.records import RolloutRecord
+    from labkit.runs.records import RolloutRecord
 
     rec = RolloutRecord(step=3, task_id="s/p/bug0", sample=1, buggy_code="x", completion="ab",
                         code="ab", code_start=0, offsets=[[0, 1], [1, 2]], completion_ids=[5, 6],

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from labkit.loops.verifier import (VERIFIER_LOSSES, VerifierConfig, VerifierExample, auc,
-                                   best_of_n_hit_rate, bt_loss, bt_pairs, build_verifier,
-                                   bce_loss, evaluate_verifier, examples_from,
-                                   pairwise_accuracy, ranking_metrics, train_verifier)
+from labkit.mucode.verifier import (VERIFIER_LOSSES, VerifierConfig, VerifierExample, auc,
+                                    best_of_n_hit_rate, bt_loss, bt_pairs, build_verifier,
+                                    bce_loss, evaluate_verifier, examples_from, pairwise_accuracy,
+                                    ranking_metrics, train_verifier)
 
 # ----------------------------------------------------------------------------- losses
 

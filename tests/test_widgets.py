@@ -12,7 +12,7 @@ import ipywidgets
 import pytest
 
 from labkit.credit.reshaping import ReshapeConfig
-from labkit.loops.events import EventBus
+from labkit.runs.events import EventBus
 from widgets import colors
 from widgets.anchorview import (AnchorView, anchor_label, anchor_token_values, anchors_table,
                                 member_outlines, members_table, pick_task, records_by_rollout)

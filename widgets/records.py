@@ -1,7 +1,7 @@
 """Rollout records and run folders as the widgets read them.
 
 A record is one line of ``rollouts.jsonl`` (or one item of ``records`` in the trainer's
-``on_step_end`` event), a :class:`labkit.loops.records.RolloutRecord` as a dict: ``step``,
+``on_step_end`` event), a :class:`labkit.runs.records.RolloutRecord` as a dict: ``step``,
 ``task_id``, ``sample``, ``completion``, ``offsets``, ``logprobs``, ``components``,
 ``reward``, ``advantages`` and more; :func:`read_rollouts` reads and checks them.
 """
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from labkit.env.records import COMPONENT_NAMES
-from labkit.loops.events import RunFolder
-from labkit.loops.records import read_rollouts
+from labkit.runs.events import RunFolder
+from labkit.runs.records import read_rollouts
 
 COMPONENTS = COMPONENT_NAMES
 """The feedback components a record carries, in display order

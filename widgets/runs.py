@@ -1,6 +1,6 @@
 """``RunsTable``: the run folders under a folder side by side; a click replays one.
 
-The table is :func:`labkit.loops.runs.runs_table`'s (what ``python -m labkit runs DIR``
+The table is :func:`labkit.runs.table.runs_table`'s (what ``python -m labkit runs DIR``
 prints): per run its estimator, recipe, feedback regime, seed, steps done / planned, last
 reward, held-out pass@1 first -> last, wall time and status, then the config fields that
 differ between the runs. Clicking a run in the list under the table replays its folder in a
@@ -18,7 +18,7 @@ import pandas as pd
 from traitlets import Any as AnyTrait
 from traitlets import List, Unicode
 
-from labkit.loops.runs import COLUMNS, display_rows, runs_table
+from labkit.runs.table import COLUMNS, display_rows, runs_table
 from widgets.dashboard import TrainingDashboard
 from widgets.errors import shown_in
 from widgets.static import StaticView
@@ -44,7 +44,7 @@ class RunsTable(StaticView, ipw.VBox):
     """
 
     root = Unicode(help="Folder holding the run folders.")
-    runs = List(help="Rows of labkit.loops.runs.runs_table, one per run folder.")
+    runs = List(help="Rows of labkit.runs.table.runs_table, one per run folder.")
     differing = List(help="Config fields whose values differ between the runs.")
     selected = Unicode("", help="Folder of the run replayed below ('' = none).")
     dashboard = AnyTrait(None, allow_none=True, help="The TrainingDashboard replaying it.")

@@ -52,7 +52,7 @@ from labkit.experiments.claims import Contrast
 from labkit.experiments.config import DEFAULT_OUT, command
 from labkit.loops.forks import measure_forks
 from labkit.loops.hunks import hunk_values, subset_program
-from labkit.loops.metrics import average_ranks
+from labkit.runs.metrics import average_ranks
 from labkit.policy import forking as fk
 from labkit.policy.loading import load_policy, weights_fingerprint
 from labkit.policy.rollout import SamplingConfig, collate, sample

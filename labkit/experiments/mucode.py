@@ -2,7 +2,7 @@
 
 Per training seed ``s`` (``seeds``), on the template testbed:
 
-1. Expert iteration (:func:`labkit.loops.mucode.run_mucode`) from the tiny model on
+1. Expert iteration (:func:`labkit.mucode.loop.run_mucode`) from the tiny model on
    ``train_problems`` synthetic problems of ``train_split`` (default ``val``: templates
    neither the model's SFT data nor the held-out split holds; the same problems for every
    seed): collect multi-turn rollouts, train a Bradley-Terry verifier, relabel with the local
@@ -47,9 +47,9 @@ from labkit import provenance
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import DEFAULT_OUT, command
 from labkit.experiments import claims, pages, stats
-from labkit.loops.episodes import EpisodeConfig, turn_prompt
-from labkit.loops.mucode import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
-from labkit.loops.verifier import VerifierConfig, build_verifier, ranking_metrics, train_verifier
+from labkit.mucode.episodes import EpisodeConfig, turn_prompt
+from labkit.mucode.loop import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
+from labkit.mucode.verifier import VerifierConfig, build_verifier, ranking_metrics, train_verifier
 from labkit.policy.loading import PolicyConfig, load_policy, weights_fingerprint
 from labkit.policy.sft import SFTConfig
 from labkit.seeding import derive_seed

@@ -22,8 +22,9 @@ from labkit.config import to_dict, to_record
 from labkit.experiments import stats
 from labkit.experiments.config import ExperimentConfig, ReuseError, base_train_config
 from labkit.experiments.paired import paired_list
-from labkit.loops.events import RunFolder
-from labkit.loops.trainer import WATCH_FIELDS, TrainConfig, Trainer, latest_checkpoint
+from labkit.runs.events import RunFolder
+from labkit.runs.trackers import WATCH_FIELDS
+from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
 from labkit.provenance import CodeDriftError, record_weights  # noqa: F401 (re-exported)
 

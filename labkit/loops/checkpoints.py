@@ -38,7 +38,7 @@ def unreadable_reason(error: Exception) -> str:
 
 
 def held_run_error(run) -> RunFolderError:
-    """The error for a new run whose folder (a :class:`~labkit.loops.events.RunFolder`)
+    """The error for a new run whose folder (a :class:`~labkit.runs.events.RunFolder`)
     already holds another run."""
     done = len(run.read("metrics.jsonl"))
     return RunFolderError(f"{run.path} already holds a run ({done} steps logged): resume it "

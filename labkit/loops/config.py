@@ -18,7 +18,7 @@ from labkit.env.feedback import FeedbackConfig
 from labkit.sandbox.config import SandboxConfig
 from labkit.loops.forks import ForkCreditConfig
 from labkit.loops.hunks import HunkConfig
-from labkit.loops.trackers import TrackerConfig, report_to_names
+from labkit.runs.trackers import TrackerConfig, report_to_names
 from labkit.policy.loading import PolicyConfig
 from labkit.policy.rollout import SamplingConfig
 
@@ -186,7 +186,7 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=lambda: ["none"])
     """Experiment trackers the run reports to, by TRL's names: ``tensorboard``, ``wandb``,
     ``mlflow``, ``trackio`` or ``none`` (``--set report_to=tensorboard,trackio``). Each
-    follows the trainer's events (:mod:`labkit.loops.trackers`; the ``trackers`` extra)."""
+    follows the trainer's events (:mod:`labkit.runs.trackers`; the ``trackers`` extra)."""
     trackers: TrackerConfig = field(default_factory=TrackerConfig)
     """Where the trackers write and what beyond scalars: project, run name, completion
     samples, W&B mode, MLflow store."""
@@ -221,11 +221,6 @@ class TrainConfig:
         if t.eval_split == t.train_split:
             raise ValueError(f"tasks.eval_split {t.eval_split!r} is the split trained on; evaluate "
                              f"on another one (e.g. tasks.eval_split=test)")
-
-
-WATCH_FIELDS = ("report_to", "trackers")
-"""``TrainConfig`` fields that say where a run is watched, not what it trains: two configs
-that differ only there train the same run (the experiments reuse and resume across them)."""
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -17,8 +17,8 @@ from pathlib import Path
 from labkit.env.records import RepairTask
 from labkit.loops.checkpoints import held_run_error
 from labkit.loops.config import TrainConfig
-from labkit.loops.events import RunFolder
-from labkit.loops.trackers import check_installed, report_to_names
+from labkit.runs.events import RunFolder
+from labkit.runs.trackers import check_installed, report_to_names
 from labkit.loops.trainer import check_train_tasks, run_tasks
 from labkit.policy.loading import check_completion_length, resolve_spec
 
@@ -27,7 +27,7 @@ def check_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
               ) -> tuple[list[RepairTask], list[RepairTask]]:
     """The run's training and held-out tasks, once the run is known to be able to start,
     checked cheapest first: the trackers are installed
-    (:class:`~labkit.loops.trackers.TrackerError`), then ``ValueError`` (a
+    (:class:`~labkit.runs.trackers.TrackerError`), then ``ValueError`` (a
     :class:`~labkit.policy.loading.PolicyLoadError` for the policy) saying what to change, or
     :class:`~labkit.loops.checkpoints.RunFolderError` for a new run whose folder holds another
     (neither ``resume`` nor ``overwrite``)."""

@@ -1,4 +1,4 @@
-"""Resuming a run with changes: which config fields may change, and the record of each change.
+"""Resuming a run with changes: which config fields may change.
 
 ``python -m labkit train --resume RUN --set k=v`` continues the run in ``RUN`` from its last
 checkpoint. The checkpoint holds the optimiser, the schedule and the running statistics of
@@ -6,55 +6,31 @@ the config the run was trained under, so most fields cannot change without the r
 longer saying what was trained (an estimator switched mid-run, a learning rate the
 optimiser's restored state overrides). :data:`RESUMABLE` lists what may change: how long the
 run goes on, how it is checkpointed and logged, and where it is watched.
-:func:`resume_config` refuses the rest in one line naming each field; :func:`record_changes`
-rewrites ``config.json`` and appends the change to ``config_history.jsonl``, which
-``python -m labkit runs`` shows.
+:func:`resume_config` refuses the rest in one line naming each field;
+:func:`labkit.runs.history.record_changes` rewrites ``config.json`` and appends the change to
+``config_history.jsonl``, which ``python -m labkit runs`` shows.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from labkit.config import apply_overrides, from_dict, parse_override, to_dict
 from labkit.loops.checkpoints import latest_checkpoint
-from labkit.loops.config import WATCH_FIELDS, TrainConfig
-from labkit.loops.events import RunFolder
+from labkit.loops.config import TrainConfig
+from labkit.runs.history import config_changes, value_text
+from labkit.runs.trackers import WATCH_FIELDS
 
 RESUMABLE = ("steps", "checkpoint_every", "keep_checkpoints", "log_rollouts", *WATCH_FIELDS)
 """``TrainConfig`` fields (a section: every field in it) a resume may change. ``steps`` only
 upwards of the checkpoint and under a constant learning rate after warm-up (a decaying
 schedule ends at ``steps``: moving it changes the rate of the steps already planned)."""
-HISTORY = "config_history.jsonl"
-"""The run folder's record of the changes made on resume: one JSON line per resume that
-changed something, ``{"step", "time", "changes": {field: [old, new]}}``."""
 
 
 class ResumeError(ValueError):
     """A resume asks for a change it cannot make; the message names the fields."""
-
-
-def flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config dict as ``{"a.b": value}`` (values as they are; an empty section leaves
-    no key)."""
-    out: dict[str, Any] = {}
-    for k, v in cfg.items():
-        if isinstance(v, Mapping):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, list]:
-    """``{key: [old, new]}`` for each flattened key whose value differs between two config
-    dicts (``None`` where one lacks the key), ``run_dir`` left out; sorted by key."""
-    a, b = flat(old), flat(new)
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
-            if k != "run_dir" and json.dumps(a.get(k)) != json.dumps(b.get(k))}
 
 
 def refused(changes: Mapping[str, list], schedule: str, done: int) -> list[str]:
@@ -67,12 +43,8 @@ def refused(changes: Mapping[str, list], schedule: str, done: int) -> list[str]:
         if key == "steps":
             bad = new < done or (schedule != "constant" and new != old)
         if bad:
-            out.append(f"{key} ({_text(old)} -> {_text(new)})")
+            out.append(f"{key} ({value_text(old)} -> {value_text(new)})")
     return out
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def checkpoint_step(run_dir: str | Path) -> int:
@@ -107,31 +79,3 @@ def resume_config(run_dir: str | Path, overrides: Sequence[str]) -> tuple[TrainC
     return new, changes
 
 
-def record_changes(run: RunFolder, cfg: TrainConfig, changes: Mapping[str, list],
-                   step: int) -> Callable[[], None]:
-    """Write ``cfg`` to the run's ``config.json`` and append ``changes`` at ``step`` to
-    :data:`HISTORY`; returns the undo (both files as they were), for a resume that fails
-    before its first step."""
-    before = {name: run.file(name).read_text() if run.file(name).exists() else None
-              for name in ("config.json", HISTORY)}
-    run.write_json("config.json", to_dict(cfg))
-    run.append(HISTORY, {"step": step, "time": time.time(), "changes": dict(changes)})
-
-    def undo() -> None:
-        for name, text in before.items():
-            if text is None:
-                run.file(name).unlink(missing_ok=True)
-            else:
-                run.file(name).write_text(text)
-    return undo
-
-
-def read_history(run_dir: str | Path) -> list[dict]:
-    """The run's :data:`HISTORY` records (none for a run never resumed with changes)."""
-    return RunFolder(run_dir).read(HISTORY)
-
-
-def history_text(history: Sequence[Mapping[str, Any]]) -> str:
-    """The changes as one cell: ``steps 8->10 @8; report_to ["none"]->["tensorboard"] @10``."""
-    return "; ".join(f"{k} {_text(old)}->{_text(new)} @{h['step']}"
-                     for h in history for k, (old, new) in h["changes"].items())

@@ -42,19 +42,19 @@ from labkit.env.records import Components, RepairTask
 from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
 from labkit import provenance
-from labkit.loops import metrics as M
+from labkit.runs import metrics as M
 from labkit.loops.background import TrainingStopped, stopped_line
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
                                       held_run_error, latest_checkpoint)
-from labkit.loops.config import (WATCH_FIELDS, OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
+from labkit.loops.config import (OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
                                  load_config)
-from labkit.loops.events import EventBus, RunFolder
+from labkit.runs.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCreditConfig, ForkStage
 from labkit.loops.hunks import HunkConfig, HunkStage
 from labkit.loops.parallel import DataParallel
-from labkit.loops.records import RolloutRecord
+from labkit.runs.records import RolloutRecord
 from labkit.loops.stages import Stage, StepContext
-from labkit.loops.trackers import Trackers
+from labkit.runs.trackers import Trackers
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import load_policy
 from labkit.policy.rollout import (Rollout, SamplingConfig, collate, micro_batches, sample,

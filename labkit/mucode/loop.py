@@ -2,9 +2,9 @@
 
     for iteration k = 1..K:
         episodes <- multi-turn rollouts of the current generator on the training tasks
-                    (labkit.loops.episodes; every attempt labelled by the hidden tests)
+                    (labkit.mucode.episodes; every attempt labelled by the hidden tests)
         D        <- D + every distinct (task, attempt, label)           (accumulated)
-        r_phi    <- a fresh verifier trained on D (BT or BCE)         (labkit.loops.verifier)
+        r_phi    <- a fresh verifier trained on D (BT or BCE)         (labkit.mucode.verifier)
         y*_x     <- argmax_{y collected for x so far} r_phi(x, y)      the local expert
         pairs    <- (prompt of every turn of every episode of x, y*_x)  relabelling
         theta    <- supervised fine-tuning on pairs                  (labkit.policy.sft)
@@ -32,11 +32,11 @@ from labkit.config import to_dict
 from labkit.env.records import RepairTask
 from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks
-from labkit.loops.episodes import (NEEDS_VERIFIER, SELECTORS, Episode, EpisodeConfig, run_episodes,
-                                   step_records, summarise)
-from labkit.loops.events import EventBus, RunFolder
-from labkit.loops.verifier import (Verifier, VerifierConfig, VerifierExample, build_verifier,
-                                   evaluate_verifier, examples_from, train_verifier)
+from labkit.mucode.episodes import (NEEDS_VERIFIER, SELECTORS, Episode, EpisodeConfig,
+                                    run_episodes, step_records, summarise)
+from labkit.runs.events import EventBus, RunFolder
+from labkit.mucode.verifier import (Verifier, VerifierConfig, VerifierExample, build_verifier,
+                                    evaluate_verifier, examples_from, train_verifier)
 from labkit.policy.loading import PolicyConfig, load_policy
 from labkit.policy.sft import SFTConfig, train_sft
 from labkit.seeding import derive_seed, seed_everything

@@ -37,7 +37,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from labkit.config import to_dict
-from labkit.loops.events import RunFolder
+from labkit.runs.events import RunFolder
+
+WATCH_FIELDS = ("report_to", "trackers")
+"""``TrainConfig`` fields that say where a run is watched, not what it trains: two configs
+that differ only there train the same run (the experiments reuse and resume across them)."""
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 """The trackers ``report_to`` may name, in TRL's spelling."""
@@ -493,7 +497,7 @@ class Trackers:
     at the first event, forwards rows, samples and flushes, closes them when training ends
     and with the trainer.
 
-    A tracker that raises is warned about once (logger ``labkit.loops.trackers``) and
+    A tracker that raises is warned about once (logger ``labkit.runs.trackers``) and
     dropped; the trainer never sees the exception."""
 
     def __init__(self, names: Sequence[str], settings: TrackerConfig):

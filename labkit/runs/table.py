@@ -8,7 +8,7 @@ Per run: its folder (relative to ``DIR``), estimator, reshaping recipe (the name
 ``labkit.credit.reshaping.RECIPES`` whose config it equals, else ``custom``), feedback regime,
 seed, steps done and planned, the last step's reward, held-out pass@1 at the first and the
 last evaluation, wall time (logged step and evaluation seconds), the changes made when it was
-resumed (``config_history.jsonl``, :mod:`labkit.loops.resume`) and status:
+resumed (``config_history.jsonl``, :mod:`labkit.runs.history`) and status:
 
 - ``running``: a process's running mark is there and the process lives (on another host,
   whose processes cannot be looked at: the logs changed within :data:`STALE_S`);
@@ -28,10 +28,9 @@ from typing import Any
 
 from labkit.config import to_dict
 from labkit.credit.reshaping import RECIPES
-from labkit.loops.config import WATCH_FIELDS
-from labkit.loops.events import RunFolder
-from labkit.loops.resume import history_text, read_history
-from labkit.loops.trackers import flat_config
+from labkit.runs.events import RunFolder
+from labkit.runs.history import history_text, read_history
+from labkit.runs.trackers import WATCH_FIELDS, flat_config
 
 STALE_S = 3600.0
 """A running mark written on another host counts while the run's logs changed this recently."""

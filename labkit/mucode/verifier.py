@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from labkit.registry import Registry
 from labkit.env.records import RepairTask
-from labkit.loops.metrics import average_ranks
+from labkit.runs.metrics import average_ranks
 from labkit.policy.loading import (PolicyLoadError, load_tokenizer, lora_targets_for,
                                    resolve_device_dtype, resolve_spec)
 

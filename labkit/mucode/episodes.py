@@ -169,7 +169,7 @@ def _argmax(values: Sequence[float], among: Sequence[int]) -> int:
 def _scores(cands: Sequence[CandidateView]) -> list[float]:
     if any(c.verifier_score is None for c in cands):
         raise ValueError("this selector needs verifier scores; pass a trained verifier "
-                         "(labkit.loops.verifier) to run_episodes")
+                         "(labkit.mucode.verifier) to run_episodes")
     return [float(c.verifier_score) for c in cands]  # type: ignore[arg-type]
 
 
@@ -370,7 +370,7 @@ def run_episodes(policy, tasks: Sequence[RepairTask], config: EpisodeConfig | No
     and rollout index share sampled candidates wherever their states (prompts) coincide,
     always at turn 1, so selectors are compared on common random numbers. Every distinct
     candidate is run once on the public and once on the hidden tests; ``verifier`` (a
-    :class:`labkit.loops.verifier.Verifier`) scores every candidate when given, and must be
+    :class:`labkit.mucode.verifier.Verifier`) scores every candidate when given, and must be
     given for the verifier selectors. Episodes come out task by task, then rollout, then
     selector. Sampling is seeded from ``(config.seed, turn)``; the selector's random choices
     from ``(config.seed, task, rollout, turn, selector)``.
@@ -383,7 +383,7 @@ def run_episodes(policy, tasks: Sequence[RepairTask], config: EpisodeConfig | No
             raise ValueError(f"unknown selector {sel!r}; registered: {SELECTORS.names()}")
         if sel in NEEDS_VERIFIER and verifier is None:
             raise ValueError(f"selector {sel!r} needs a verifier; train one with "
-                             "labkit.loops.verifier.train_verifier or pick 'random'/'public_tests'")
+                             "labkit.mucode.verifier.train_verifier or pick 'random'/'public_tests'")
     if sandbox is None:
         sandbox = default_sandbox()
     cache = {} if cache is None else cache

@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from labkit.loops.events import RunFolder
+from labkit.runs.events import RunFolder
 
 
 @dataclass(frozen=True)
