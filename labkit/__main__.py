@@ -444,7 +444,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    from labkit.experiments import findings
+    from labkit.docs import findings
 
     stale = findings.write_all(check=args.check)
     for page in stale:

@@ -16,7 +16,7 @@ The report needs no network and no server: plotly's JavaScript is embedded once,
 are the notebooks' own plotly outputs redrawn statically, and widgets (which need a live
 kernel) show their static rendering (``widgets.static``: figures, tables, control values)
 with a note to open the notebook in JupyterLab to use them. The front page is
-:mod:`labkit.report`.
+:mod:`labkit.docs.report`.
 
 Notebooks call :func:`record` to write their numbers; the tests read those files.
 """
@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from labkit.figcheck import PLOTLY_MIME
+from labkit.docs.figcheck import PLOTLY_MIME
 from labkit.machine import append_record, cpu_seconds
-from labkit.report import front_page
+from labkit.docs.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -308,7 +308,7 @@ def numbers_table(rows: Sequence[Mapping]) -> str:
 
 
 def write_report(out: Path, rows: Sequence[Mapping]) -> Path:
-    """``out/report.html``: the front page (:func:`labkit.report.front_page`: what this lab
+    """``out/report.html``: the front page (:func:`labkit.docs.report.front_page`: what this lab
     found, the figures that carry the story, key numbers, the contents folded), the status
     table, then every executed notebook, with plotly.js embedded inline once (no CDN)."""
     from plotly.offline import get_plotlyjs

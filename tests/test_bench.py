@@ -42,7 +42,7 @@ def test_step_bench_runs_and_reports_phases_and_the_floor():
 def test_fork_bench_runs_and_reports_its_bound(tmp_path):
     """... and ``--record`` appends its JSON line, command and machine to a record file, from
     which the benchmarks table is generated."""
-    from labkit.experiments.findings import benchmarks
+    from labkit.docs.findings import benchmarks
 
     records = tmp_path / "records.jsonl"
     p = subprocess.run([sys.executable, "-m", "labkit.bench", "fork", "--tasks", "2", "--group", "2",

@@ -14,7 +14,7 @@ from pathlib import Path
 from labkit.config import to_record
 from labkit.experiments import load
 from labkit.experiments.config import NOT_IN_COMMAND
-from labkit.experiments.findings import table as findings_table
+from labkit.docs.findings import table as findings_table
 
 
 def test_unknown_experiment_is_named():

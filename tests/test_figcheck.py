@@ -7,7 +7,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from labkit.figcheck import problems
+from labkit.docs.figcheck import problems
 
 
 def _fig(f) -> dict:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.experiments import claims, findings
+from labkit.experiments import claims
+from labkit.docs import findings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def test_the_manual_is_in_the_present_tense():
 def test_every_generated_page_is_current():
     """README, benchmarks, the tiny model's quality and the reference: what `python -m labkit
     docs` writes from the records and the code."""
-    from labkit.experiments.findings import write_all
+    from labkit.docs.findings import write_all
 
     assert write_all(check=True) == []
 
@@ -73,7 +74,7 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     import labkit.credit  # noqa: F401 - registers every estimator
     from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
     from labkit.loops.config import TrainConfig
-    from labkit.reference import computed_defaults, markdown
+    from labkit.docs.reference import computed_defaults, markdown
 
     page = markdown()
     for name in ADVANTAGE_ESTIMATORS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = [("sandbox",), ("env",), ("policy",), ("credit",), ("runs", "integrations"),
-          ("loops", "mucode"), ("experiments",), ("bench",)]
+          ("loops", "mucode"), ("experiments",), ("bench", "docs")]
 """labkit's rooms, floor by floor from the bottom (``widgets`` and the notebooks above them all).
 A room imports rooms of lower floors only: none of its own floor, none above. The top-level
 modules beside them (``config``, ``registry``, ``seeding``, ``provenance``, ``machine``) serve

@@ -141,7 +141,7 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     import plotly.graph_objects as go
     import plotly.io as pio
 
-    from labkit.report import findings
+    from labkit.docs.report import findings
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("## Training three ways"),
@@ -175,7 +175,7 @@ def test_report_front_page_says_what_was_found_and_draws_tagged_figures_and_widg
     assert "TrainingDashboard(children" not in page and "labkit-static" in page
     # the committed multi-seed results: the README's findings rows, sentence for sentence,
     # each after its plain-words sentence
-    from labkit.experiments.findings import plain_rows, rows
+    from labkit.docs.findings import plain_rows, rows
 
     assert rows(), "docs/results holds no experiment record"
     for simple, (said, seen, name) in zip(plain_rows(), rows()):
@@ -375,10 +375,10 @@ def test_smoke_run_records_sane_numbers(name, smoke_lab):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPECTED)
 def test_executed_notebook_figures_do_not_mislead(name, smoke_lab):
-    """Every plotly figure an executed notebook shows passes :mod:`labkit.figcheck`: axes say
+    """Every plotly figure an executed notebook shows passes :mod:`labkit.docs.figcheck`: axes say
     what they show, no category on a continuous colour scale, no trace hidden under an
     identical one."""
-    from labkit.figcheck import notebook_problems
+    from labkit.docs.figcheck import notebook_problems
 
     found = notebook_problems(Path(smoke_lab["out"]) / f"{name}.ipynb")
     assert found == [], "\n".join(f"cell {i}: {p}" for i, p in found)

@@ -545,7 +545,7 @@ def test_widgets_fit_a_notebook_column():
     """The tuner's labels are shown whole (a fixed label width for the longest name) with the
     field's docstring as tooltip, and its table scrolls in a box of bounded height; the
     inspector puts the advantages before the components and scrolls sideways."""
-    from labkit.reference import field_docs
+    from labkit.docs.reference import field_docs
 
     tuner = RewardTuner(trap_batch())
     docs = field_docs(ReshapeConfig)

@@ -28,7 +28,7 @@ from labkit.credit.pipeline import Credit, CreditInput
 from labkit.env.feedback import FEEDBACK_MODES, FeedbackConfig, r_feedback_of_record
 from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig, components_on, recipe
 from labkit.loops.trainer import TrainConfig
-from labkit.reference import field_docs
+from labkit.docs.reference import field_docs
 from widgets.errors import shown_in
 from widgets.records import at_step, open_run, read_rollouts
 from widgets.tables import frame_html

@@ -1,4 +1,4 @@
-"""Adapters that run labkit's parts inside other trainers (a floor above ``loops``).
+"""Floor 4, beside ``runs``: adapters that run labkit's parts inside other trainers.
 
 ``labkit.integrations.trl``: tasks, sandbox rewards and DiDPO credit in TRL's
 ``GRPOTrainer``; ``labkit.integrations.verl``: a custom reward function and the parquet

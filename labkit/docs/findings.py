@@ -1,6 +1,6 @@
 """What the lab found: one row per committed results JSON, written from its numbers.
 
-``python -m labkit.experiments.findings`` prints the table; ``--write README.md`` replaces the
+``python -m labkit.docs.findings`` prints the table; ``--write README.md`` replaces the
 block between ``<!-- findings:start -->`` and ``<!-- findings:end -->`` with it (and any other
 generated block, :data:`BLOCKS`: the shipped model's quality table in docs/tiny_model.md) and
 ``--check`` fails when a block is not what the records give (the test suite runs the check), so
@@ -23,7 +23,7 @@ from pathlib import Path
 from labkit.experiments import claims, stats
 from labkit.experiments.config import RESULTS
 from labkit.machine import read_records
-from labkit.reference import markdown as reference_markdown
+from labkit.docs.reference import markdown as reference_markdown
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 MODEL = RESULTS.parents[1] / "data" / "models" / "tiny" / "manifest.json"
@@ -441,7 +441,7 @@ def write_all(check: bool = False, pages: list[Path] | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m labkit.experiments.findings", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m labkit.docs.findings", description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS), help="folder of results JSON")
     ap.add_argument("--write", metavar="FILE", help="replace FILE's findings block with the table")
     ap.add_argument("--check", metavar="FILE", help="fail when FILE's findings block is stale")

@@ -13,7 +13,7 @@
 * **Key numbers**: a short table with readable names, units and rounding
   (:data:`KEY_NUMBERS`); every number stays in ``<notebook>.json`` next to the report;
 * **What the experiments found**: the multi-seed results committed in ``docs/results``, the
-  same sentences as the README's findings table (:func:`labkit.experiments.findings.rows`):
+  same sentences as the README's findings table (:func:`labkit.docs.findings.rows`):
   a notebook shows one short run, these pages answer its question at scale;
 * **Contents**, folded: each notebook's status, wall time and section headings, linked.
 """
@@ -26,9 +26,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from labkit.experiments.findings import plain_rows
-from labkit.experiments.findings import rows as findings_rows
-from labkit.figcheck import PLOTLY_MIME
+from labkit.docs.findings import plain_rows
+from labkit.docs.findings import rows as findings_rows
+from labkit.docs.figcheck import PLOTLY_MIME
 from labkit.registry import Registry
 
 FRONT_TAG = "front-page"
@@ -352,7 +352,7 @@ def front_page(out: Path, rows: Sequence[Mapping], bodies: Mapping[str, str],
                results_plain: Sequence[str] | None = None) -> str:
     """The front page's HTML (see the module docstring): what this lab found first, the
     contents folded at the end; ``results`` and ``results_plain`` default to
-    :func:`labkit.experiments.findings.rows` and ``plain_rows`` of the repository's records."""
+    :func:`labkit.docs.findings.rows` and ``plain_rows`` of the repository's records."""
     if results is None:
         results, results_plain = findings_rows(), plain_rows()
     found = ["<section class='front'><h2>What this lab found</h2>"
