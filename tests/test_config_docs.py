@@ -1,7 +1,7 @@
 """Every field of every config dataclass in ``labkit/`` carries a docstring.
 
 A field's docstring is a string literal on the line(s) right after its annotated assignment
-(the style of :class:`labkit.loops.trainer.TaskConfig`). The check covers every
+(the style of :class:`labkit.env.task_sampling.TaskConfig`). The check covers every
 ``@dataclass`` whose class name ends in ``Config``, plus ``TaskSpec`` and ``MucodeTasks``.
 """
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from labkit.credit import reshaping as rs
+from labkit.env.task_sampling import CurriculumSampler
 
 COPY = {"r_test": 0.8, "r_pass": 0.0, "r_precision": 1.0, "r_style": 1.0, "r_progress": 0.0,
         "hack": 0.0, "noop": 1.0}
@@ -103,12 +104,12 @@ def test_ema_baseline_is_in_the_units_of_the_normalised_rewards():
 
 
 def test_curriculum_prefers_learnable_buckets_and_unlocks_in_order():
-    cur = rs.CurriculumSampler(beta=0.0, eps=0.0)
+    cur = CurriculumSampler(beta=0.0, eps=0.0)
     cur.update("easy", 1.0)
     cur.update("mid", 0.5)
     cur.update("hard", 0.0)
     assert cur.weights(["easy", "mid", "hard"]) == {"easy": 0.0, "mid": 0.25, "hard": 0.0}
-    ordered = rs.CurriculumSampler(order=("easy", "hard"), unlock_at=0.3, beta=0.0)
+    ordered = CurriculumSampler(order=("easy", "hard"), unlock_at=0.3, beta=0.0)
     ordered.update("easy", 0.1)
     assert ordered.weights(["easy", "hard"])["hard"] == 0.0
     ordered.update("easy", 0.6)
@@ -120,7 +121,7 @@ def test_curriculum_prefers_learnable_buckets_and_unlocks_in_order():
 
 def test_curriculum_draws_without_replacement_on_a_small_pool():
     """One batch never holds a task twice (groups merge by task; fork parents collide)."""
-    cur = rs.CurriculumSampler()
+    cur = CurriculumSampler()
     cur.update("a", 0.5)
     tasks = [("a", i) for i in range(3)] + [("b", i) for i in range(2)]
     for seed in range(50):

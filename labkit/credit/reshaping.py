@@ -24,8 +24,7 @@ All running state (statistics, EMA, step) is in :meth:`Reshaper.state_dict`.
 from __future__ import annotations
 
 import math
-import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Literal, Mapping, Sequence
 
 import torch
@@ -350,62 +349,3 @@ class Reshaper:
     def load_state_dict(self, s: Mapping) -> None:
         self.step, self.run_mean, self.run_var = int(s["step"]), float(s["run_mean"]), float(s["run_var"])
         self.seen, self.var_seen, self.ema = int(s["seen"]), int(s["var_seen"]), s["ema"]
-
-
-# ----------------------------------------------------------------------------- curriculum
-
-
-@dataclass
-class CurriculumSampler:
-    """Samples tasks by bucket (bug kind or difficulty), weighting buckets by how
-    learnable they look now: ``w_k = eps + s_k (1 - s_k)``, ``s_k`` the EMA success rate
-    of bucket k (buckets that are always or never solved give little signal to GRPO).
-    ``order`` (optional) unlocks buckets easy to hard once the previous ones reach
-    ``unlock_at`` success."""
-
-    beta: float = 0.9
-    eps: float = 0.05
-    order: tuple[str, ...] = ()
-    unlock_at: float = 0.3
-    success: dict = field(default_factory=dict)
-
-    def weights(self, buckets: Sequence[str]) -> dict[str, float]:
-        open_ = set(buckets)
-        if self.order:
-            open_ = set()
-            for b in self.order:
-                open_.add(b)
-                if self.success.get(b, 0.5) < self.unlock_at:
-                    break
-            open_ |= {b for b in buckets if b not in self.order}
-        return {b: (self.eps + self.success.get(b, 0.5) * (1 - self.success.get(b, 0.5)))
-                if b in open_ else 0.0 for b in buckets}
-
-    def sample(self, tasks: Sequence, key, n: int, rng: random.Random) -> list:
-        """``n`` distinct tasks, without replacement: a bucket by weight, then a uniform task
-        of the bucket not drawn yet (a bucket leaves the draw once it is used up). Fewer than
-        ``n`` when the open buckets hold fewer tasks. A task never appears twice in one batch:
-        its group would merge with itself."""
-        by: dict[str, list] = {}
-        for t in tasks:
-            by.setdefault(key(t), []).append(t)
-        w = self.weights(sorted(by))
-        left = {b: list(by[b]) for b in sorted(by) if w[b] > 0}
-        out = []
-        while left and len(out) < n:
-            names = list(left)
-            b = rng.choices(names, weights=[w[x] for x in names], k=1)[0]
-            out.append(left[b].pop(rng.randrange(len(left[b]))))
-            if not left[b]:
-                del left[b]
-        return out
-
-    def update(self, bucket: str, success: float) -> None:
-        old = self.success.get(bucket, 0.5)
-        self.success[bucket] = self.beta * old + (1 - self.beta) * success
-
-    def state_dict(self) -> dict:
-        return {"success": dict(self.success)}
-
-    def load_state_dict(self, s: Mapping) -> None:
-        self.success = dict(s["success"])

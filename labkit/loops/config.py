@@ -15,63 +15,13 @@ from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, check_options
 from labkit.credit.losses import POLICY_LOSSES, LossConfig
 from labkit.credit.reshaping import ReshapeConfig, check_regime
 from labkit.env.feedback import FeedbackConfig
+from labkit.env.task_sampling import TaskConfig
 from labkit.sandbox.config import SandboxConfig
 from labkit.loops.forks import ForkCreditConfig
 from labkit.loops.hunks import HunkConfig
 from labkit.runs.trackers import TrackerConfig, report_to_names
 from labkit.policy.loading import PolicyConfig
 from labkit.policy.rollout import SamplingConfig
-
-TASK_SOURCES = ("synthetic", "humaneval", "humanevalpack", "records")
-"""What ``TaskConfig.source`` may name."""
-
-
-@dataclass
-class TaskConfig:
-    """Which tasks to train and evaluate on."""
-
-    source: str = "synthetic"
-    """``synthetic``, ``humaneval``, ``humanevalpack`` (needs ``path``) or ``records``: a
-    JSONL of ``RepairTask.to_dict()`` records at ``path`` (their ``split`` field is used)."""
-    train_problems: int = 2000
-    """Problems generated for the train split (synthetic) / cap for other sources (0 = all)."""
-    bugs_per_problem: int = 1
-    """Buggy variants per training problem."""
-    n_bugs: int = 1
-    """Bugs planted in each task (train and eval)."""
-    multi_hunk: bool = False
-    """With ``n_bugs >= 2``: only tasks whose bugs are separate, separately tested hunks
-    (``labkit.env.tasks.multi_hunk_catches``), the setting diff-level credit is made for."""
-    templates: tuple[str, ...] = ()
-    """Train only on tasks of these synthetic templates (``task.meta["template"]``, e.g.
-    ``digits/e354b12609``); empty: every template of ``train_split``. A training mix of the
-    templates the starting policy rarely solves makes a sparse-reward testbed."""
-    train_split: str = "train"
-    """Split the policy is trained on: ``train`` (the templates the shipped tiny model's SFT
-    data came from) or ``val`` (templates neither its SFT data nor ``test`` holds: RL on new
-    templates, where the tiny model has room to learn; docs/tasks.md)."""
-    eval_split: str = "val"
-    """Held-out split: ``val`` or ``test`` (templates training never sees) or ``in_template``;
-    never the split trained on."""
-    eval_tasks: int = 64
-    """Held-out tasks evaluated every ``eval_every`` steps (0 = none)."""
-    seed: int | None = None
-    """Seed of the task generator and bug injection; ``None``: the run's seed. Fix it to
-    compare runs of several training seeds on the same tasks (paired)."""
-    path: str | None = None
-    """HumanEvalPack-format JSONL for source ``humanevalpack``."""
-
-    def validate(self) -> None:
-        if self.source not in TASK_SOURCES:
-            raise ValueError(f"tasks.source must be one of {', '.join(TASK_SOURCES)}, got "
-                             f"{self.source!r}")
-        if self.train_problems < 0 or self.eval_tasks < 0:
-            raise ValueError(f"tasks.train_problems and tasks.eval_tasks must be >= 0 (0: all, "
-                             f"none), got {self.train_problems} and {self.eval_tasks}")
-        if self.bugs_per_problem < 1 or self.n_bugs < 1:
-            raise ValueError(f"tasks.bugs_per_problem and tasks.n_bugs must be >= 1, got "
-                             f"{self.bugs_per_problem} and {self.n_bugs}")
-
 
 @dataclass
 class OptimConfig:

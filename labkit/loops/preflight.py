@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 
 from labkit.env.records import RepairTask
+from labkit.env.task_sampling import check_train_tasks, run_tasks
 from labkit.loops.checkpoints import held_run_error
 from labkit.loops.config import TrainConfig
 from labkit.runs.events import RunFolder
 from labkit.runs.trackers import check_installed, report_to_names
-from labkit.loops.trainer import check_train_tasks, run_tasks
 from labkit.policy.loading import check_completion_length, resolve_spec
 
 
@@ -43,7 +43,8 @@ def check_run(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False
     if not resume and not overwrite and first_process() and run.holds_run():
         raise held_run_error(run)
     try:
-        train, held_out = run_tasks(cfg, "train"), run_tasks(cfg, "eval")
+        train = run_tasks(cfg.tasks, cfg.seed, "train")
+        held_out = run_tasks(cfg.tasks, cfg.seed, "eval")
     except FileNotFoundError as e:
         raise ValueError(f"tasks: {e}") from None
     check_train_tasks(train, cfg.tasks)

@@ -20,13 +20,11 @@ launch`` / ``torchrun``) train data-parallel behind one seam (:class:`DataParall
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -36,18 +34,17 @@ from labkit.credit.advantages import needs
 from labkit.credit.anchors import anchor_records
 from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.pipeline import Credit, CreditInput, baseline_term
-from labkit.credit.reshaping import CurriculumSampler
 from labkit.env.feedback import BuggyBaselines, ProgressTracker, evaluate_many, told_pass
 from labkit.env.records import Components, RepairTask
 from labkit.sandbox.pool import Sandbox
-from labkit.env.tasks import load_tasks
+from labkit.env.task_sampling import (CurriculumSampler, bucket, check_train_tasks, pick_tasks,
+                                      run_tasks)
 from labkit import provenance
 from labkit.runs import metrics as M
 from labkit.loops.background import TrainingStopped, stopped_line
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
                                       held_run_error, latest_checkpoint)
-from labkit.loops.config import (OptimConfig, TaskConfig, TrainConfig,  # noqa: F401
-                                 load_config)
+from labkit.loops.config import OptimConfig, TrainConfig, load_config  # noqa: F401
 from labkit.runs.events import EventBus, RunFolder
 from labkit.loops.forks import ForkCreditConfig, ForkStage
 from labkit.loops.hunks import HunkConfig, HunkStage
@@ -86,8 +83,10 @@ class Trainer(Checkpointing):
         self.run = RunFolder(cfg.run_dir)
         seed_everything(cfg.seed)
         self.policy = policy or load_policy(cfg.policy)
-        self.train_tasks = list(train_tasks) if train_tasks is not None else run_tasks(cfg, "train")
-        self.eval_tasks = list(eval_tasks) if eval_tasks is not None else run_tasks(cfg, "eval")
+        self.train_tasks = (list(train_tasks) if train_tasks is not None
+                            else run_tasks(cfg.tasks, cfg.seed, "train"))
+        self.eval_tasks = (list(eval_tasks) if eval_tasks is not None
+                           else run_tasks(cfg.tasks, cfg.seed, "eval"))
         check_train_tasks(self.train_tasks, cfg.tasks)
         self._own_sandbox = sandbox is None and reward_fn is None
         if sandbox is None and reward_fn is None:
@@ -197,11 +196,8 @@ class Trainer(Checkpointing):
         t_step, timings = time.time(), {}
 
         # -- pick tasks --------------------------------------------------------------
-        rng = random.Random(self._seed("tasks"))
-        if self.curriculum is not None:
-            tasks = self.curriculum.sample(self.train_tasks, _bucket, cfg.tasks_per_step, rng)
-        else:
-            tasks = rng.sample(self.train_tasks, min(cfg.tasks_per_step, len(self.train_tasks)))
+        tasks = pick_tasks(self.train_tasks, cfg.tasks_per_step, random.Random(self._seed("tasks")),
+                           self.curriculum)
 
         # -- generate ----------------------------------------------------------------
         t0 = time.time()
@@ -251,7 +247,7 @@ class Trainer(Checkpointing):
         self.credit.advance()
         if self.curriculum is not None:  # steered by what the regime told, not the hidden tests
             for t, f in zip(task_of, fb):
-                self.curriculum.update(_bucket(t), float(told_pass(f.components)))
+                self.curriculum.update(bucket(t), float(told_pass(f.components)))
 
         # -- metrics ----------------------------------------------------------------------
         self.step += 1
@@ -466,48 +462,6 @@ class Trainer(Checkpointing):
 # ============================================================================= helpers
 
 
-def run_tasks(cfg: TrainConfig, which: str) -> list[RepairTask]:
-    """The run's training tasks (``which="train"``) or held-out tasks (``"eval"``), as its
-    ``tasks`` section describes them."""
-    t = cfg.tasks
-    if t.source == "records":
-        return _records_tasks(t.path, t.train_split if which == "train" else t.eval_split,
-                              t.eval_tasks if which != "train" else 0)
-    seed = cfg.seed if t.seed is None else t.seed
-    kinds = {"n_bugs": t.n_bugs, "multi_hunk": t.multi_hunk}
-    if which == "train":
-        n = t.train_problems or None
-        tasks = load_tasks(t.source, split=t.train_split, n=n, seed=seed, path=t.path,
-                           bugs_per_problem=t.bugs_per_problem, **kinds)
-        if t.templates:
-            tasks = [x for x in tasks if x.meta.get("template") in set(t.templates)]
-        return tasks
-    if not t.eval_tasks:
-        return []
-    # multi-hunk problems yield a task less than half the time: ask for enough problems
-    n = t.eval_tasks * (4 if t.multi_hunk else 1)
-    tasks = load_tasks(t.source, split=t.eval_split, n=n, seed=seed, path=t.path,
-                       bugs_per_problem=1, **kinds)
-    return tasks[: t.eval_tasks]
-
-
-def check_train_tasks(tasks: Sequence[RepairTask], t: TaskConfig) -> None:
-    """Raise ``ValueError`` saying what to change when the training tasks are none, or list a
-    task twice (a batch must hold each task once: its samples form one group)."""
-    if not tasks:
-        hint = (" (multi-hunk problems yield a task less than half the time: raise "
-                "tasks.train_problems)" if t.multi_hunk else "")
-        hint += f" (tasks.templates {list(t.templates)} keeps none of them)" if t.templates else ""
-        where = f", path={t.path!r}, train_split={t.train_split!r}" if t.path else ""
-        raise ValueError(f"no training tasks from tasks.source={t.source!r}, "
-                         f"train_problems={t.train_problems}{where}{hint}")
-    ids = [x.task_id for x in tasks]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"training task {dup!r} is listed more than once; a batch must hold "
-                         "each task once (its samples form one group): pass distinct tasks")
-
-
 def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
                hunk_config: HunkConfig) -> list[Stage]:
     """The rollout stages estimator ``estimator`` needs (its registry ``needs``), in a fixed
@@ -521,11 +475,6 @@ def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
     return out
 
 
-def _bucket(task: RepairTask) -> str:
-    """The curriculum's bucket of a task: its bug kinds."""
-    return ",".join(task.bug_kinds)
-
-
 @dataclass(frozen=True)
 class _CustomFeedback:
     """What a user ``reward_fn`` gives in place of the feedback floor's ``Feedback``: its
@@ -534,21 +483,6 @@ class _CustomFeedback:
     components: Components
     hack_flags: tuple = ()
     result: None = None
-
-
-def _records_tasks(path: str | None, split: str, limit: int) -> list[RepairTask]:
-    if not path or not Path(path).is_file():
-        raise ValueError(f"tasks.source 'records' needs tasks.path, a JSONL of task records; "
-                         f"got {path!r}")
-    tasks = []
-    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                tasks.append(RepairTask.from_dict(json.loads(line)))
-            except (ValueError, KeyError) as e:
-                raise ValueError(f"{path}:{i}: not a task record: {e}") from None
-    tasks = [t for t in tasks if t.split == split]
-    return tasks[:limit] if limit else tasks
 
 
 def _agg_weight(mask: torch.Tensor, mode: str) -> float:
