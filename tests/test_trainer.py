@@ -196,6 +196,75 @@ def test_didpo_estimator_runs_in_the_trainer_and_logs_anchors(toy_model_dir, tmp
         assert {"gs", "members", "n", "step", "task_id"} <= set(anchors[0])
 
 
+@pytest.fixture
+def scratch_registries(monkeypatch):
+    """The estimator and rollout-stage registries, restored after the test to what they were
+    (a toy registered in a test leaves no trace in the reference or another test)."""
+    from labkit.credit.advantages import ADVANTAGE_ESTIMATORS
+    from labkit.loops.stages import STAGES
+
+    for registry in (ADVANTAGE_ESTIMATORS, STAGES):
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+        monkeypatch.setattr(registry, "_meta", dict(registry._meta))
+
+
+def test_a_new_need_is_one_stage_class_and_trains_without_a_trainer_edit(toy_model_dir, tmp_path,
+                                                                          scratch_registries):
+    """A toy need (each completion's length), its stage and an estimator that needs it,
+    registered here: the trainer builds the stage, the estimator reads what it measured, the
+    update follows and the stage's hooks run every step."""
+    from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, AdvantageOutput
+    from labkit.loops.stages import STAGES, Stage, register_stage
+
+    @register_stage
+    class LengthStage(Stage):
+        need, name = "toy_lengths", "toy_length"
+        updates = 0
+
+        def measure(self, ctx):
+            return [r.n_tokens for r in ctx.rollouts]
+
+        def metrics(self, value):
+            return {"toy/mean_length": sum(value) / len(value)}
+
+        def after_update(self, policy):
+            LengthStage.updates += 1
+
+    @ADVANTAGE_ESTIMATORS.register("toy_longer", needs=("toy_lengths",), credit="sequence")
+    def toy_longer(inp):
+        """``A_i = n_i / max_j n_j``: longer completions get more credit (a toy)."""
+        n = torch.tensor(inp.need("toy_lengths"), dtype=inp.rewards.dtype)  # [B]
+        return AdvantageOutput((n / n.max()).unsqueeze(-1) * inp.mask, {})  # [B, T]
+
+    with pytest.raises(ValueError, match="already registered"):
+        STAGES.add("toy_lengths", type("Other", (Stage,), {"need": "toy_lengths"}))
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=2, estimator="toy_longer")
+    tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+    start = [p.detach().clone() for p in tr.params]
+    rows = tr.train(progress=False)
+    tr.close()
+    assert [type(s) for s in tr.stages] == [LengthStage] and LengthStage.updates == 2
+    assert any(not torch.equal(a, b) for a, b in zip(start, tr.params))  # it trained
+    recs = tr.run.read("rollouts.jsonl")
+    for step, row in enumerate(rows, 1):
+        lengths = [len(r["completion_ids"]) for r in recs if r["step"] == step]
+        assert row["toy/mean_length"] == pytest.approx(sum(lengths) / len(lengths))
+        assert row["time/toy_length"] >= 0
+        for r in (r for r in recs if r["step"] == step):
+            want = len(r["completion_ids"]) / max(lengths)
+            assert r["advantages"] == pytest.approx([want] * len(r["completion_ids"]))
+
+
+def test_an_estimator_whose_need_no_stage_measures_is_refused(toy_model_dir, tmp_path,
+                                                               scratch_registries):
+    from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, grpo
+
+    ADVANTAGE_ESTIMATORS.add("toy_unmeasured", grpo, needs=("toy_nothing",), credit="sequence")
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1, estimator="toy_unmeasured")
+    with pytest.raises(ValueError, match="needs 'toy_nothing', which no rollout stage measures"):
+        Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+
+
 def _rollout(tok, task, completion: str, sample: int):
     from labkit.policy.prompts import plain_prompt
     from labkit.policy.rollout import Rollout

@@ -4,10 +4,12 @@ One interface for every estimator. An estimator is a function
 ``f(inp: AdvantageInput, **options) -> AdvantageOutput`` registered in
 :data:`ADVANTAGE_ESTIMATORS` with two pieces of metadata:
 
-* ``needs``: which optional fields of :class:`AdvantageInput` it reads (``rollouts``,
-  ``tasks``, ``forks``); :func:`compute_advantages` refuses a call that lacks one, and the
-  trainer provides what its estimator needs (forks are made only for an estimator that
-  needs them);
+* ``needs``: which optional inputs it reads: fields of :class:`AdvantageInput` (``rollouts``,
+  ``tasks``, ``forks``, ``hunks``) or any other measurement, found in
+  :attr:`AdvantageInput.measured` by its name; :func:`compute_advantages` refuses a call that
+  lacks one, and the trainer provides what its estimator needs: the step's rollouts and
+  tasks, and every other need from the rollout stage registered for it
+  (:data:`labkit.loops.stages.STAGES`: forks are made only for an estimator that needs them);
 * ``credit``: ``sequence`` (one value per sequence, broadcast to its tokens) or ``token``
   (per-token credit, e.g. DiDPO's diff anchors).
 
@@ -50,7 +52,8 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 ``credit`` (``sequence`` or ``token``)."""
 EPS = 1e-6
 INPUTS = ("rollouts", "tasks", "forks", "hunks")
-"""The optional :class:`AdvantageInput` fields an estimator may declare it needs."""
+"""The optional :class:`AdvantageInput` fields an estimator may declare it needs; a need of
+any other name is read from :attr:`AdvantageInput.measured`."""
 
 
 @dataclass
@@ -97,6 +100,21 @@ class AdvantageInput:
     """Counterfactual forks measured on these rows (:class:`ForkSites`)."""
     hunks: HunkValues | None = None
     """Per-hunk values measured on these rows (:class:`HunkValues`)."""
+    measured: Mapping[str, Any] = field(default_factory=dict)
+    """What rollout stages measured for needs that are not fields above, by need (a need
+    whose stage was registered later: :data:`labkit.loops.stages.STAGES`)."""
+
+    def need(self, name: str) -> Any:
+        """The input of need ``name``: its field, else its entry of :attr:`measured` (``None``
+        when absent)."""
+        return getattr(self, name) if name in INPUTS else self.measured.get(name)
+
+    def supplied(self, measured: Mapping[str, Any]) -> AdvantageInput:
+        """These rows with what rollout stages measured, by need: a need that is a field
+        (``forks``, ``hunks``) fills it, any other joins :attr:`measured`."""
+        fields = {k: v for k, v in measured.items() if k in INPUTS}
+        rest = {k: v for k, v in measured.items() if k not in INPUTS}
+        return dataclasses.replace(self, **fields, measured={**self.measured, **rest})
 
 
 @dataclass
@@ -266,10 +284,12 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
 def compute_advantages(name: str, inp: AdvantageInput, **kwargs) -> AdvantageOutput:
     """Look up estimator ``name``, check it has the inputs it needs, and apply it."""
     fn = ADVANTAGE_ESTIMATORS.get(name)
-    missing = [f for f in needs(name) if getattr(inp, f) is None]
+    missing = [f for f in needs(name) if inp.need(f) is None]
     if missing:
+        where = f"AdvantageInput.{missing[0]}=..." if missing[0] in INPUTS else \
+            f"AdvantageInput.measured[{missing[0]!r}]"
         raise ValueError(f"estimator {name!r} needs {', '.join(missing)} in its AdvantageInput "
-                         f"(set AdvantageInput.{missing[0]}=...)")
+                         f"(set {where})")
     out = fn(inp, **kwargs)
     if not isinstance(out, AdvantageOutput):
         raise TypeError(f"estimator {name!r} returned {type(out).__name__}, not AdvantageOutput")

@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from labkit.credit.advantages import (EPS, AdvantageInput, ForkSites, HunkValues, compute_advantages,
-                                      group_stats)
+from labkit.credit.advantages import EPS, AdvantageInput, compute_advantages, group_stats
 from labkit.credit.reshaping import Reshaper, ReshapeConfig, test_term, transform_advantages
 
 Baseline = Mapping[str, float] | float | None
@@ -48,8 +47,11 @@ class CreditInput:
     """Per row, its task's buggy-code baseline (the precision gate compares with it)."""
     rollouts: Sequence | None = None
     tasks: Sequence | None = None
-    forks: ForkSites | None = None
-    hunks: HunkValues | None = None
+    measured: Mapping[str, Any] = field(default_factory=dict)
+    """What the rollout stages measured on these rows, by need: ``forks``
+    (:class:`~labkit.credit.advantages.ForkSites`), ``hunks``
+    (:class:`~labkit.credit.advantages.HunkValues`), or a need registered with its stage
+    later (:data:`labkit.loops.stages.STAGES`)."""
 
 
 @dataclass
@@ -126,8 +128,8 @@ class Credit:
         mask = inp.mask
         out = compute_advantages(
             self.estimator, AdvantageInput(normalised.to(mask.dtype), list(inp.groups), mask.cpu(),
-                                           rollouts=inp.rollouts, tasks=inp.tasks, forks=inp.forks,
-                                           hunks=inp.hunks),
+                                           rollouts=inp.rollouts, tasks=inp.tasks
+                                           ).supplied(inp.measured),
             **self.options)
         estimated = out.advantages  # [B, T]
         if self.match_scale:

@@ -156,9 +156,10 @@ def configs() -> list[str]:
 def estimators() -> list[str]:
     out = ["## Advantage estimators", "",
            "`TrainConfig.estimator` names one. *needs*: what the estimator reads besides the "
-           "rewards (the trainer's rollout stages measure `forks` and `hunks` only when an "
-           "estimator needs them); *credit*: one advantage per completion (`sequence`) or per "
-           "token (`token`).", ""]
+           "rewards (the step supplies `rollouts` and `tasks`; the rollout stage registered "
+           "for any other need, `labkit.loops.stages.STAGES`, measures it only when an estimator "
+           "needs it); *credit*: one advantage per completion (`sequence`) or per token "
+           "(`token`).", ""]
     for name in ADVANTAGE_ESTIMATORS:
         fn, meta = ADVANTAGE_ESTIMATORS[name], ADVANTAGE_ESTIMATORS.meta(name)
         needs = ", ".join(meta.get("needs", ())) or "rewards only"

@@ -283,7 +283,7 @@ def credit_batch(policy, tasks, cfg: Config, split: str, rnd: int, index: int, r
     cost["truth_s"], cost["subset_programs"] = time.time() - t0, hm["hunks/programs"]
     t0 = time.time()
     forks = measure_forks(
-        policy, rolls, task_of, own, lambda ts, rs: runner(ts, [r.code for r in rs]),
+        policy, rolls, task_of, own, runner,
         fk.PositionConfig(cfg.fork_strategy, cfg.fork_fraction, cfg.fork_budget,
                           seed=derive_seed(cfg.seed, "credit-pos", split, rnd, index)),
         fk.ForkConfig.from_sampling(scfg, seed=derive_seed(cfg.seed, "credit-fork", split, rnd, index)),

@@ -85,7 +85,8 @@ class TrainConfig:
     """Advantage estimator by name, one of
     :data:`labkit.credit.advantages.ADVANTAGE_ESTIMATORS` (docs/reference.md lists each with
     its equation and what it needs). An estimator that needs forks or hunk values switches on
-    its rollout stage (``fork``, ``hunks``)."""
+    the rollout stage registered for that need (:data:`labkit.loops.stages.STAGES`; configured
+    by ``fork``, ``hunks``)."""
     estimator_options: dict = field(default_factory=dict)
     """Keyword options for the estimator, e.g. {lam: 1.2, eta: 0.8} for didpo, {lam: 1.0,
     normalise: rms, spread: hunk} for didpo_fork."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,11 +26,8 @@ import torch
 from labkit.credit.advantages import ForkSites
 from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import RepairTask, Rollout
+from labkit.loops.stages import Score, Stage, StepContext, register_stage
 from labkit.policy import forking as fk
-from labkit.loops.stages import Stage, StepContext
-
-Score = Callable[[Sequence[RepairTask], Sequence[Rollout]], Sequence[float]]
-"""``score(tasks, rollouts) -> rewards``, one per rollout (the forks are rollouts too)."""
 
 
 @dataclass
@@ -124,7 +121,7 @@ def measure_forks(policy, rollouts: Sequence[Rollout], tasks: Sequence[RepairTas
     t0 = time.time()
     parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
     rows = [parent[(f.task_id, f.parent_sample)] for f in batch.forks]
-    counter = [float(x) for x in score([tasks[b] for b in rows], [f.rollout for f in batch.forks])]
+    counter = [float(x) for x in score([tasks[b] for b in rows], [f.rollout.code for f in batch.forks])]
     exec_s = time.time() - t0
     sites = fork_sites(rows, [f.t for f in batch.forks], [factual[b] for b in rows], counter)
     return ForkMeasurement(sites, batch, rows, counter, [list(p) for p in where], gen_s, exec_s)
@@ -133,32 +130,29 @@ def measure_forks(policy, rollouts: Sequence[Rollout], tasks: Sequence[RepairTas
 # ============================================================================= the stage
 
 
+@register_stage
 class ForkStage(Stage):
     """The rollout stage of an estimator that needs forks (``TrainConfig.fork``): sampling
     that keeps the prefix caches, the forks measured on the step's rollouts, the KL target,
-    the EMA baseline's update and its checkpoint state."""
+    the EMA baseline's update, its cost and its checkpoint state."""
 
-    field, name = "forks", "fork"
+    need, name = "forks", "fork"
     keeps_caches = True
 
-    def __init__(self, policy, cfg: ForkCreditConfig):
-        self.cfg = cfg
+    def __init__(self, cfg, policy):
+        self.fork: ForkCreditConfig = cfg.fork
         self.last: ForkMeasurement | None = None
         policy.baseline()  # the starting policy: frozen, or the EMA's first value
 
     def measure(self, ctx: StepContext) -> ForkSites:
         """Fork this step's rollouts; the sites are what the estimator reads."""
-        fc, scfg = self.cfg, ctx.sampling
+        fc, scfg = self.fork, ctx.sampling
         entropy = None
         if fc.strategy == "entropy":
             entropy = fk.token_entropy(ctx.policy.model, ctx.rollouts, ctx.policy.tokenizer.pad_token_id,
                                        scfg.temperature)
-
-        def score(tasks, rollouts):
-            return ctx.score(tasks, [r.code for r in rollouts])
-
         self.last = measure_forks(
-            ctx.policy, ctx.rollouts, ctx.tasks, ctx.factual(), score,
+            ctx.policy, ctx.rollouts, ctx.tasks, ctx.factual(), ctx.score,
             fk.PositionConfig(fc.strategy, fc.fraction, fc.budget, seed=ctx.seed("fork-positions")),
             fk.ForkConfig.from_sampling(scfg, batch_size=fc.batch_size, seed=ctx.seed("fork")),
             kv=ctx.kv, baseline=ctx.policy.baseline(), entropy=entropy)
@@ -167,18 +161,22 @@ class ForkStage(Stage):
     def metrics(self, value) -> dict[str, float]:
         return self.last.metrics() if self.last is not None else {}
 
+    def cost_metrics(self, seconds: float, step_s: float) -> dict[str, float]:
+        """``fork/extra_cost``: what forking adds to a step without it."""
+        return {"fork/extra_cost": seconds / max(step_s - seconds, 1e-9)}
+
     @contextlib.contextmanager
     def kl_target(self, policy):
         """The baseline when ``kl_to_baseline``, else the reference policy."""
-        if self.cfg.kl_to_baseline:
+        if self.fork.kl_to_baseline:
             yield policy.baseline()
         else:
             with policy.reference() as ref:
                 yield ref
 
     def after_update(self, policy) -> None:
-        if self.cfg.baseline == "ema":
-            policy.update_baseline(self.cfg.beta)  # theta_b <- beta theta_b + (1-beta) theta
+        if self.fork.baseline == "ema":
+            policy.update_baseline(self.fork.beta)  # theta_b <- beta theta_b + (1-beta) theta
 
     def save(self, policy, folder: Path) -> None:
         """The baseline's parameters whose policy counterpart is trainable (the others never

@@ -26,7 +26,7 @@ from labkit.env.edits import Hunk, revert_hunks, rollout_hunks
 from labkit.sandbox.records import Candidate, SandboxResult
 from labkit.env.records import RepairTask, Rollout
 from labkit.sandbox.pool import run_many
-from labkit.loops.stages import Score, Stage, StepContext
+from labkit.loops.stages import Score, Stage, StepContext, register_stage
 
 
 @dataclass
@@ -88,19 +88,20 @@ def hunk_values(rollouts: Sequence, tasks: Sequence, score: Score, own: Sequence
                               "hunks/per_row": sum(len(r) for r in rows) / max(len(rows), 1)}
 
 
+@register_stage
 class HunkStage(Stage):
     """The rollout stage of an estimator that needs ``hunks``: each rollout's hunk values,
     measured by running its hunk subsets (``TrainConfig.hunks``)."""
 
-    field, name = "hunks", "hunk"
+    need, name = "hunks", "hunk"
 
-    def __init__(self, cfg: HunkConfig):
-        self.cfg = cfg
+    def __init__(self, cfg, policy=None):
+        self.hunks: HunkConfig = cfg.hunks
         self.last_metrics: dict[str, float] = {}
 
     def measure(self, ctx: StepContext) -> HunkValues:
         values, self.last_metrics = hunk_values(ctx.rollouts, ctx.tasks, ctx.score, ctx.factual(),
-                                                ctx.baseline(), self.cfg.max_hunks)
+                                                ctx.baseline(), self.hunks.max_hunks)
         return values
 
     def metrics(self, value) -> dict[str, float]:

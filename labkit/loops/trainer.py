@@ -5,7 +5,7 @@
         rollouts <- sample G completions per task                   (labkit.policy.rollout)
         feedback <- run every program in the sandbox, components     (labkit.env.feedback)
         measured <- the rollout stages the estimator needs          (labkit.loops.stages:
-                    counterfactual forks, hunk values)
+                    counterfactual forks, hunk values, by need)
         credit   <- reward -> normalised -> [B, T] advantages        (labkit.credit.pipeline)
         update   <- PPO-clip (+ KL to the reference, - entropy)      (labkit.credit.losses)
         metrics  -> metrics.jsonl, rollouts.jsonl, events
@@ -30,7 +30,6 @@ from typing import Sequence
 import torch
 
 from labkit.config import to_dict
-from labkit.credit.advantages import needs
 from labkit.credit.anchors import anchor_records
 from labkit.credit.losses import POLICY_LOSSES, agg_loss, kl_penalty
 from labkit.credit.pipeline import Credit, CreditInput, baseline_term
@@ -46,11 +45,9 @@ from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderE
                                       held_run_error, latest_checkpoint)
 from labkit.loops.config import OptimConfig, TrainConfig, load_config  # noqa: F401
 from labkit.runs.events import EventBus, RunFolder
-from labkit.loops.forks import ForkCreditConfig, ForkStage
-from labkit.loops.hunks import HunkConfig, HunkStage
 from labkit.loops.parallel import DataParallel
 from labkit.runs.records import RolloutRecord
-from labkit.loops.stages import Stage, StepContext
+from labkit.loops.stages import Stage, StepContext, stages_for
 from labkit.runs.trackers import Trackers
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import load_policy
@@ -106,7 +103,7 @@ class Trainer(Checkpointing):
         self.progress = ProgressTracker(cfg.feedback.progress_patience, cfg.feedback.progress_bonus)
         self.curriculum = CurriculumSampler() if cfg.curriculum else None
         self.baselines = BuggyBaselines(cfg.feedback, sandbox, seed=derive_seed(cfg.seed, "buggy"))
-        self.stages: list[Stage] = stages_for(cfg.estimator, self.policy, cfg.fork, cfg.hunks)
+        self.stages: list[Stage] = stages_for(cfg, self.policy)  # what the estimator needs
         self.step = 0
         self._stop = False
 
@@ -212,7 +209,7 @@ class Trainer(Checkpointing):
         fb, baselines = self._feedback(task_of, rollouts)
         timings["time/execute"] = time.time() - t0
 
-        # -- rollout stages the estimator needs (forks, hunk values) --------------------------
+        # -- rollout stages the estimator needs (forks, hunk values, ...) ----------------------
         measured, stage_metrics = {}, {}
         ctx = StepContext(step, self.policy, rollouts, task_of,
                           factual=lambda: self._program_rewards([f.components for f in fb], baselines),
@@ -220,9 +217,9 @@ class Trainer(Checkpointing):
                           score=self._score_programs, sampling=scfg, seed=self._seed, kv=kv)
         for stage in self.stages:
             t0 = time.time()
-            measured[stage.field] = stage.measure(ctx)
+            measured[stage.need] = stage.measure(ctx)
             timings[f"time/{stage.name}"] = time.time() - t0
-            stage_metrics.update(stage.metrics(measured[stage.field]))
+            stage_metrics.update(stage.metrics(measured[stage.need]))
         del kv, ctx  # the caches are large; the update does not need them
 
         # -- credit: reward -> normalised -> [B, T] advantages --------------------------------
@@ -230,7 +227,7 @@ class Trainer(Checkpointing):
         batch = collate(rollouts, self.policy.tokenizer.pad_token_id, self.policy.device)
         credit = self.credit(CreditInput([f.components for f in fb], [r.task_id for r in rollouts],
                                          batch["completion_mask"], baselines, rollouts=rollouts,
-                                         tasks=task_of, **measured))
+                                         tasks=task_of, measured=measured))
         timings["time/reward"] = time.time() - t0
 
         # -- update ---------------------------------------------------------------------
@@ -317,8 +314,8 @@ class Trainer(Checkpointing):
                **M.status_metrics([f.result.status.value for f in fb if f.result is not None]),
                "lr": self.opt.param_groups[0]["lr"],
                **stage_metrics, **timings, "time/step": time.time() - t_step}
-        if "time/fork" in timings:  # what forking adds to a step without it
-            row["fork/extra_cost"] = timings["time/fork"] / max(row["time/step"] - timings["time/fork"], 1e-9)
+        for stage in self.stages:  # what a stage adds to a step without it
+            row.update(stage.cost_metrics(timings[f"time/{stage.name}"], row["time/step"]))
         row["dist/world_size"] = self.world
         return row
 
@@ -460,19 +457,6 @@ class Trainer(Checkpointing):
                 self.run.append("anchors.jsonl", rec)
 
 # ============================================================================= helpers
-
-
-def stages_for(estimator: str, policy, fork_config: ForkCreditConfig,
-               hunk_config: HunkConfig) -> list[Stage]:
-    """The rollout stages estimator ``estimator`` needs (its registry ``needs``), in a fixed
-    order: forks, then hunk values."""
-    wanted = needs(estimator)
-    out: list[Stage] = []
-    if "forks" in wanted:
-        out.append(ForkStage(policy, fork_config))
-    if "hunks" in wanted:
-        out.append(HunkStage(hunk_config))
-    return out
 
 
 @dataclass(frozen=True)
