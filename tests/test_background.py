@@ -1,4 +1,4 @@
-"""Training in a background thread (``labkit.loops.background``) and the trainer under the
+"""Training in a background thread (``labkit.runs.background``) and the trainer under the
 kernel's interrupt: one line, "stopped at step N", no traceback, and the thread really ends
 before the waiting cell does."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from labkit.loops.background import TrainingStopped, TrainingThread
+from labkit.runs.background import TrainingStopped, TrainingThread
 
 
 class FakeTrainer:

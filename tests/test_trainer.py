@@ -265,6 +265,38 @@ def test_an_estimator_whose_need_no_stage_measures_is_refused(toy_model_dir, tmp
         Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
 
 
+def test_new_saved_state_is_one_more_part_of_the_trainer(toy_model_dir, tmp_path):
+    """A part added to ``Trainer.parts`` is written with every checkpoint and restored by a
+    resume: the checkpoint code walks the list and knows no part by name."""
+    from labkit.loops.checkpoints import StatePart
+
+    def trainer(counter: dict) -> Trainer:
+        tr = Trainer(_cfg(tmp_path / "run", toy_model_dir, steps=2), train_tasks=toy_tasks(),
+                     eval_tasks=[])
+        tr.parts.append(StatePart("toy_counter", lambda: dict(counter), counter.update))
+        tr.events.on("on_step_end", lambda **kw: counter.update(steps=counter["steps"] + 1))
+        return tr
+
+    first = trainer({"steps": 0})
+    first.train(steps=1, progress=False)
+    first.close()
+    state = json.loads((latest_checkpoint(tmp_path / "run") / "state.json").read_text())
+    assert state["toy_counter"] == {"steps": 1}
+    counter = {"steps": 0}
+    resumed = trainer(counter)
+    assert resumed.resume() == 1 and counter == {"steps": 1}  # restored before any step
+    resumed.train(progress=False)
+    resumed.close()
+    assert counter == {"steps": 2}
+    state = json.loads((latest_checkpoint(tmp_path / "run") / "state.json").read_text())
+    assert state["toy_counter"] == {"steps": 2} and state["step"] == 2
+    older = trainer({"steps": 0})  # a checkpoint written before the part existed
+    older.parts.append(StatePart("toy_added_later", lambda: 0))
+    with pytest.raises(CheckpointError, match="no toy_added_later in state.json"):
+        older.load_checkpoint()
+    older.close()
+
+
 def _rollout(tok, task, completion: str, sample: int):
     from labkit.policy.prompts import plain_prompt
     from labkit.policy.rollout import Rollout

@@ -1,10 +1,15 @@
 """Checkpoints of a training run: written atomically, resumed exactly.
 
-A checkpoint is ``<run>/checkpoints/step_N/`` (trainable weights, optimiser, scheduler, RNG
-states, the credit pipeline's running statistics, the progress tracker, the curriculum, the
-buggy-code baselines, each rollout stage's state, then a ``COMPLETE`` marker), written to a
-temporary folder and renamed. :class:`Checkpointing` gives the trainer :meth:`save_checkpoint`,
-:meth:`resume` and :meth:`load_checkpoint`.
+A checkpoint is ``<run>/checkpoints/step_N/``: the trainer's saved state as a list of
+:class:`Part` objects (``Trainer.parts``: the trainable weights, the optimiser with the scheduler
+and the RNG states, the credit pipeline's running statistics, the progress tracker, the
+curriculum, the buggy-code baselines, each rollout stage's state), each writing its files
+and what ``state.json`` keeps under its name, then a ``COMPLETE`` marker; written to a
+temporary folder and renamed. Loading reads every part first (a part that cannot be read is a
+:class:`CheckpointError` naming its file, and nothing has changed), then restores them in
+order. New saved state is one more part in the trainer's list: this file does not change.
+:class:`Checkpointing` gives the trainer :meth:`save_checkpoint`, :meth:`resume` and
+:meth:`load_checkpoint`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,8 +60,148 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+# ============================================================================= parts
+
+MISSING = object()
+"""What a part reads from ``state.json`` when the checkpoint holds nothing under its name."""
+
+
+class Part:
+    """One piece of a trainer's saved state. :meth:`save` writes its files into a checkpoint
+    folder (if it has any) and returns what ``state.json`` keeps under :attr:`name` (``None``
+    for a part with files only); :meth:`read` reads it back without changing anything and
+    :meth:`restore` puts what it read into the trainer."""
+
+    name: str
+    in_state: bool = True
+    """Whether ``state.json`` keeps a value under :attr:`name`."""
+
+    def save(self, folder: Path) -> Any:
+        return None
+
+    def read(self, folder: Path, value: Any) -> Any:
+        """``value``: what ``state.json`` kept under :attr:`name` (:data:`MISSING` if nothing).
+        Raises :class:`CheckpointError` naming what cannot be read."""
+        if self.in_state and value is MISSING:
+            raise CheckpointError(f"checkpoint {folder} was written by an older labkit (no "
+                                  f"{self.name} in state.json); train the run again")
+        return value
+
+    def restore(self, loaded: Any) -> None:
+        return None
+
+
+@dataclass
+class StatePart(Part):
+    """A part that lives in ``state.json`` only: ``get()`` gives its JSON value, ``put(value)``
+    restores it; ``check(value)`` (optional) returns why a value cannot be restored here."""
+
+    name: str
+    get: Callable[[], Any]
+    put: Callable[[Any], None] = lambda value: None
+    check: Callable[[Any], str] | None = None
+
+    def save(self, folder: Path) -> Any:
+        return self.get()
+
+    def read(self, folder: Path, value: Any) -> Any:
+        value = super().read(folder, value)
+        why = self.check(value) if self.check is not None else ""
+        if why:
+            raise CheckpointError(f"checkpoint {folder} {why}")
+        return value
+
+    def restore(self, loaded: Any) -> None:
+        self.put(loaded)
+
+
+def _torch_file(folder: Path, name: str, weights_only: bool):
+    try:
+        return torch.load(folder / name, weights_only=weights_only)
+    except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
+        raise CheckpointError(f"checkpoint {folder} is corrupt: {name} cannot be read "
+                              f"({unreadable_reason(e)})") from None
+
+
+class WeightsPart(Part):
+    """``trainable.pt``: the policy's trainable parameters (the others never move)."""
+
+    name, in_state = "trainable", False
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def save(self, folder: Path) -> None:
+        torch.save({n: p.detach().cpu() for n, p in self.policy.model.named_parameters()
+                    if p.requires_grad}, folder / "trainable.pt")
+
+    def read(self, folder: Path, value: Any) -> tuple[Path, dict]:
+        return folder, _torch_file(folder, "trainable.pt", weights_only=True)
+
+    def restore(self, loaded: tuple[Path, dict]) -> None:
+        """Refuses weights of another model before it changes any (it restores first)."""
+        folder, trainable = loaded
+        params = dict(self.policy.model.named_parameters())
+        missing = [n for n in trainable if n not in params]
+        if missing:
+            raise CheckpointError(f"checkpoint {folder} does not fit this model: unknown "
+                                  f"parameters {missing[:3]}")
+        with torch.no_grad():
+            for n, v in trainable.items():
+                params[n].copy_(v)
+
+
+class OptimiserPart(Part):
+    """``optim.pt``: the optimiser, the learning-rate schedule, and torch's and Python's RNG
+    states (restored last of the three, so a resumed step draws what the run would have)."""
+
+    name, in_state = "optim", False
+
+    def __init__(self, opt, sched):
+        self.opt, self.sched = opt, sched
+
+    def save(self, folder: Path) -> None:
+        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
+                   folder / "optim.pt")
+
+    def read(self, folder: Path, value: Any) -> dict:
+        return _torch_file(folder, "optim.pt", weights_only=False)
+
+    def restore(self, loaded: dict) -> None:
+        self.opt.load_state_dict(loaded["optimizer"])
+        self.sched.load_state_dict(loaded["scheduler"])
+        torch.set_rng_state(loaded["torch_rng"])
+        random.setstate(loaded["python_rng"])
+
+
+class StagePart(Part):
+    """A rollout stage's own files (e.g. the fork baseline's ``baseline.pt``)."""
+
+    in_state = False
+
+    def __init__(self, stage, policy, estimator: str):
+        self.stage, self.policy, self.estimator = stage, policy, estimator
+        self.name = f"stage:{stage.need}"
+
+    def save(self, folder: Path) -> None:
+        self.stage.save(self.policy, folder)
+
+    def read(self, folder: Path, value: Any) -> Path:
+        return folder
+
+    def restore(self, folder: Path) -> None:
+        try:
+            self.stage.load(self.policy, folder)
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{e} (estimator {self.estimator!r})") from None
+
+
 class Checkpointing:
-    """The trainer's checkpoint methods (they read and write its state)."""
+    """The trainer's checkpoint methods: they walk its :attr:`parts` (and read its ``step``,
+    ``run``, ``cfg`` and ``events``)."""
+
+    parts: list[Part]
 
     def _ckpt_dir(self, step: int) -> Path:
         return self.run.path / "checkpoints" / f"step_{step:06d}"
@@ -63,18 +211,12 @@ class Checkpointing:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        trainable = {n: p.detach().cpu() for n, p in self.policy.model.named_parameters() if p.requires_grad}
-        torch.save(trainable, tmp / "trainable.pt")
-        torch.save({"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()},
-                   tmp / "optim.pt")
-        state = {"step": self.step, "reshaper": self.credit.state_dict(),
-                 "progress": self.progress.state_dict(),
-                 "curriculum": self.curriculum.state_dict() if self.curriculum else None,
-                 "baselines": self.baselines.state_dict(), "lora": self.policy.is_lora}
+        state = {"step": self.step}
+        for part in self.parts:
+            value = part.save(tmp)
+            if part.in_state:
+                state[part.name] = value
         (tmp / "state.json").write_text(json.dumps(state))
-        for stage in self.stages:
-            stage.save(self.policy, tmp)  # e.g. the fork baseline
         (tmp / "COMPLETE").write_text("ok\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -129,44 +271,21 @@ class Checkpointing:
         if not (path / "COMPLETE").exists():
             raise CheckpointError(f"checkpoint {path} is incomplete (no COMPLETE marker); "
                                   "it was being written when the run stopped: resume from an older one")
-        name = "trainable.pt"
+        state, unreadable = {}, None
         try:
-            trainable = torch.load(path / name, weights_only=True)
-            name = "optim.pt"
-            opt_state = torch.load(path / name, weights_only=False)
-            name = "state.json"
-            state = json.loads((path / name).read_text())
+            state = json.loads((path / "state.json").read_text())
         except Exception as e:  # noqa: BLE001 - any unreadable file means a corrupt checkpoint
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} cannot be read "
-                                  f"({unreadable_reason(e)})") from None
-        if state["lora"] != self.policy.is_lora:
-            raise CheckpointError(f"checkpoint {path} was saved with lora={state['lora']}, "
-                                  f"but this policy has lora={self.policy.is_lora}")
-        params = dict(self.policy.model.named_parameters())
-        missing = [n for n in trainable if n not in params]
-        if missing:
-            raise CheckpointError(f"checkpoint {path} does not fit this model: unknown parameters "
-                                  f"{missing[:3]}")
-        with torch.no_grad():
-            for n, v in trainable.items():
-                params[n].copy_(v)
-        self.opt.load_state_dict(opt_state["optimizer"])
-        self.sched.load_state_dict(opt_state["scheduler"])
-        torch.set_rng_state(opt_state["torch_rng"])
-        random.setstate(opt_state["python_rng"])
-        self.credit.load_state_dict(state["reshaper"])
-        self.progress.load_state_dict(state["progress"])
-        if self.curriculum is not None and state["curriculum"]:
-            self.curriculum.load_state_dict(state["curriculum"])
-        if "baselines" not in state:
-            raise CheckpointError(f"checkpoint {path} was written by an older labkit (no buggy-code "
-                                  "baselines); train the run again")
-        self.baselines.load_state_dict(state["baselines"])
-        try:
-            for stage in self.stages:
-                stage.load(self.policy, path)  # e.g. the fork baseline
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{e} (estimator {self.cfg.estimator!r})") from None
+            unreadable = CheckpointError(f"checkpoint {path} is corrupt: state.json cannot be "
+                                         f"read ({unreadable_reason(e)})")
+        loaded = []
+        for part in self.parts:  # in order: the first part that cannot be read is named
+            if part.in_state and unreadable is not None:
+                raise unreadable
+            loaded.append(part.read(path, state.get(part.name, MISSING)))
+        if unreadable is not None:
+            raise unreadable
+        for part, value in zip(self.parts, loaded):
+            part.restore(value)
         self.step = int(state["step"])
         self._resumed = True
         for name in ("metrics.jsonl", "rollouts.jsonl", "eval.jsonl", "anchors.jsonl"):

@@ -40,8 +40,9 @@ from labkit.env.task_sampling import (CurriculumSampler, bucket, check_train_tas
                                       run_tasks)
 from labkit import provenance
 from labkit.runs import metrics as M
-from labkit.loops.background import TrainingStopped, stopped_line
-from labkit.loops.checkpoints import (CheckpointError, Checkpointing, RunFolderError,  # noqa: F401
+from labkit.runs.background import TrainingStopped, stopped_line
+from labkit.loops.checkpoints import (CheckpointError, Checkpointing, OptimiserPart,  # noqa: F401
+                                      Part, RunFolderError, StagePart, StatePart, WeightsPart,
                                       held_run_error, latest_checkpoint)
 from labkit.loops.config import OptimConfig, TrainConfig, load_config  # noqa: F401
 from labkit.runs.events import EventBus, RunFolder
@@ -106,6 +107,17 @@ class Trainer(Checkpointing):
         self.stages: list[Stage] = stages_for(cfg, self.policy)  # what the estimator needs
         self.step = 0
         self._stop = False
+        # what a checkpoint saves and a resume restores, part by part: new state is a new part
+        cur = self.curriculum
+        self.parts: list[Part] = [
+            WeightsPart(self.policy), OptimiserPart(self.opt, self.sched),
+            StatePart("lora", lambda: self.policy.is_lora, check=self._lora_differs),
+            StatePart("reshaper", self.credit.state_dict, self.credit.load_state_dict),
+            StatePart("progress", self.progress.state_dict, self.progress.load_state_dict),
+            StatePart("curriculum", lambda: cur.state_dict() if cur else None,
+                      lambda s: cur.load_state_dict(s) if cur is not None and s else None),
+            StatePart("baselines", self.baselines.state_dict, self.baselines.load_state_dict),
+            *(StagePart(stage, self.policy, cfg.estimator) for stage in self.stages)]
 
     # ------------------------------------------------------------------ setup helpers
     def _lr_factor(self, step: int) -> float:
@@ -124,6 +136,10 @@ class Trainer(Checkpointing):
         when several train (none in a single process, so results match)."""
         rank = ("rank", self.rank) if self.world > 1 else ()
         return derive_seed(self.cfg.seed, *names, self.step, *rank)
+
+    def _lora_differs(self, saved: bool) -> str:
+        return "" if saved == self.policy.is_lora else \
+            f"was saved with lora={saved}, but this policy has lora={self.policy.is_lora}"
 
     def request_stop(self) -> None:
         """Stop between steps: after the current one finishes, is logged and checkpointed."""
