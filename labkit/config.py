@@ -279,6 +279,16 @@ def apply_overrides(cfg: T, overrides: list[str] | tuple[str, ...]) -> T:
     return from_dict(type(cfg), data)
 
 
+def apply_values(cfg: T, values: Mapping[str, Any]) -> T:
+    """Return a copy of ``cfg`` with each dotted key set to its value (a Python value, not
+    text), in order, checked as :func:`apply_overrides` checks them and re-validated: what a
+    named method (:mod:`labkit.experiments.methods`) does to a config."""
+    data = to_dict(cfg)
+    for key, value in values.items():
+        _set_override(data, type(cfg), key.split("."), value, f"{key}={value!r}")
+    return from_dict(type(cfg), data)
+
+
 def load_yaml(cls: type[T], path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> T:
     """Load ``cls`` from a YAML file, then apply overrides."""
     import yaml

@@ -11,7 +11,7 @@ import sys
 import pytest
 from pathlib import Path
 
-from labkit.config import to_record
+from labkit.config import apply_overrides, to_record
 from labkit.experiments import load
 from labkit.experiments.config import NOT_IN_COMMAND
 from labkit.docs.findings import table as findings_table
@@ -393,16 +393,53 @@ def test_a_record_of_another_setting_is_refused(tmp_path):
 
 
 def test_reshaping_methods_switch_off_one_component_each():
-    reshaping = load("reshaping")
-    full, cur, _ = reshaping.method_config("reshaped_full")
-    assert cur and full.amplify == "piecewise" and full.focus_threshold == 0.5 and full.w_precision > 0
-    for name in reshaping.LEAVE_ONE_OUT:
-        r, c, _ = reshaping.method_config(f"full-{name}")
-        on = {"composite": r.w_precision > 0, "amplify": r.amplify != "none",
-              "focus": r.focus_threshold > 0, "curriculum": c}
+    from labkit.experiments.methods import LEAVE_ONE_OUT, METHODS, variants_of
+    from labkit.loops.trainer import TrainConfig
+
+    full = METHODS["reshaped_full"].configure(TrainConfig())
+    assert full.curriculum and full.reshape.amplify == "piecewise" and full.reshape.focus_threshold == 0.5
+    assert full.reshape.w_precision > 0
+    assert variants_of("reshaped_full", list(METHODS)) == [f"full-{n}" for n in LEAVE_ONE_OUT]
+    for name in LEAVE_ONE_OUT:
+        c = METHODS[f"full-{name}"].configure(TrainConfig())
+        on = {"composite": c.reshape.w_precision > 0, "amplify": c.reshape.amplify != "none",
+              "focus": c.reshape.focus_threshold > 0, "curriculum": c.curriculum}
         assert [k for k, v in on.items() if not v] == [name]
-    with pytest.raises(ValueError, match="unknown reshaping method"):
-        reshaping.method_config("full-nothing")
+    with pytest.raises(ValueError, match="unknown method 'full-nothing'"):
+        apply_overrides(load("reshaping").Config(), ["methods=[raw_grpo,full-nothing]"])
+
+
+def test_a_method_is_config_overrides_its_stages_and_a_label_and_its_options_are_not_in_its_name():
+    """The registry builds every method's config: options (scale, wall time) are fields of the
+    method, found by what they vary, never read off a name; two different methods under one
+    name are refused; a new method is one registration."""
+    from labkit.experiments.methods import METHODS, Method, variant
+    from labkit.loops.trainer import TrainConfig
+
+    rms = METHODS[variant("oracle_hunk", scale="rms")]
+    cfg = rms.configure(TrainConfig())
+    assert (cfg.estimator, cfg.match_scale, rms.stages) == ("oracle_hunk", True, ("hunks",))
+    assert METHODS["didpo_fork"].stages == ("forks",) and METHODS["grpo"].stages == ()
+    wall = METHODS[variant("didpo_fork", wall="grpo")]
+    cfg = wall.configure(TrainConfig(), wall_steps=7)
+    assert (cfg.estimator, cfg.steps, cfg.checkpoint_every, cfg.eval_every) == ("didpo_fork", 7, 2, 7)
+    with pytest.raises(ValueError, match="needs the steps"):
+        wall.configure(TrainConfig())
+    flip = METHODS["raw_grpo_flip30"].configure(TrainConfig())
+    assert (flip.feedback.mode, flip.feedback.noise_p) == ("flipped", 0.3)
+    with pytest.raises(ValueError, match="already registered"):
+        METHODS.add("grpo", Method("GRPO", {"estimator": "didpo"}))
+    METHODS.add("grpo", METHODS["grpo"])  # the same method again: nothing changes
+    with pytest.raises(ValueError, match="no method is 'grpo' with scale='rms'"):
+        variant("grpo", scale="rms")
+    with pytest.raises(ValueError, match="scale_matched: unknown method 'nope'"):
+        apply_overrides(load("didpo").Config(), ["scale_matched=[nope]"])
+    with pytest.raises(ValueError, match="no method is 'grpo' with scale='rms'"):
+        apply_overrides(load("didpo").Config(), ["scale_matched=[grpo]"])
+    didpo = load("didpo")
+    assert didpo.trained(didpo.Config(scale_matched=("didpo",))) == [
+        "grpo", "didpo", "didpo_fork", "oracle_hunk", "oracle_hunk_shuffled", "didpo@rms",
+        "didpo_fork@wall"]
 
 
 def test_training_on_val_templates_is_evaluated_elsewhere_and_on_new_instances():

@@ -89,6 +89,27 @@ def test_the_reference_lists_every_estimator_and_every_training_field():
     assert computed_defaults(SandboxConfig)["workers"] == "os.cpu_count() or 1"  # not this machine's count
 
 
+def test_the_reference_prints_a_sections_default_as_the_value_its_factory_makes():
+    """A config section's default is what its default factory makes, not its class's
+    defaults: ``Type()`` only when they are the same, else the fields that differ."""
+    from dataclasses import dataclass, field, fields
+
+    from labkit.docs.reference import _default
+
+    @dataclass
+    class Inner:
+        a: int = 1
+        b: str = "x"
+
+    @dataclass
+    class Outer:
+        same: Inner = field(default_factory=Inner)
+        made: Inner = field(default_factory=lambda: Inner(a=2))
+
+    same, made = fields(Outer)
+    assert (_default(same, {}), _default(made, {})) == ("`Inner()`", "`Inner(a=2)`")
+
+
 def test_the_seen_column_reads_each_experiments_signed_positive_control():
     """"Could this testbed see it?": yes when the claim's positive controls passed, no with the
     failed control's reason, "not known" when none was run; every row carries its plain-words

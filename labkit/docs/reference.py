@@ -32,6 +32,7 @@ from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, estimator_options
 from labkit.credit.losses import POLICY_LOSSES
 from labkit.credit.reshaping import RECIPES, ReshapeConfig
 from labkit.env.feedback import FEEDBACK_MODES, r_feedback
+from labkit.experiments.methods import METHODS
 
 CONFIGS = [
     "labkit.loops.config:TrainConfig",
@@ -104,10 +105,23 @@ def _default(f: dataclasses.Field, computed: dict[str, str]) -> str:
     elif f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
         if dataclasses.is_dataclass(value):
-            return f"`{type(value).__name__}()`"
+            return f"`{section_text(value)}`"
     else:
         return "required"
     return f"`{value!r}`"
+
+
+def section_text(value) -> str:
+    """A config section as the value it is: ``Type()`` when it holds its class's defaults, else
+    ``Type(field=value, ...)`` with the fields that differ (whatever made it: a default
+    factory such as a named recipe is printed as what it makes)."""
+    try:
+        base = type(value)()
+    except TypeError:  # a class with required fields: every field
+        base = None
+    differ = [f"{f.name}={getattr(value, f.name)!r}" for f in dataclasses.fields(value)
+              if base is None or getattr(value, f.name) != getattr(base, f.name)]
+    return f"{type(value).__name__}({', '.join(differ)})"
 
 
 def _cell(text: str) -> str:
@@ -173,6 +187,26 @@ def estimators() -> list[str]:
         out += [f"### `{name}`", "", f"`{fn.__module__}.{fn.__name__}`", "",
                 inspect.getdoc(fn) or "(no docstring)", ""]
     return out
+
+
+def methods() -> list[str]:
+    """Every named method of :data:`labkit.experiments.methods.METHODS`."""
+    out = ["## Methods", "",
+           "`labkit.experiments.methods.METHODS`: what an experiment's `methods` (and notebook "
+           "05) name. A method is config overrides (applied over the experiment's base config, "
+           "as `--set` would), the rollout stages its estimator needs, a label, and two "
+           "options: `scale` (`rms`: advantages at GRPO's per-group RMS) and `wall` (trained "
+           "for the steps that fit in another method's wall time); `variant of` is the method "
+           "it varies.", "",
+           "| method | label | overrides | stages | options | variant of |", "|---|---|---|---|---|---|"]
+    for name, m in METHODS.items():
+        sets = ", ".join(f"`{k}={v}`" for k, v in m.overrides.items())
+        options = ", ".join(x for x in (f"`scale={m.scale}`" if m.scale != "own" else "",
+                                         f"`wall={m.wall}`" if m.wall else "",
+                                         "`loop=mucode`" if m.loop != "grpo" else "") if x)
+        out.append(f"| `{name}` | {_cell(m.label)} | {_cell(sets)} | {', '.join(m.stages) or '-'} | "
+                   f"{options or '-'} | {f'`{m.variant_of}`' if m.variant_of else '-'} |")
+    return out + [""]
 
 
 def recipes_and_regimes() -> list[str]:
@@ -270,5 +304,5 @@ def commands() -> list[str]:
 
 def markdown() -> str:
     """The whole reference page's generated body."""
-    lines = configs() + estimators() + recipes_and_regimes() + commands()
+    lines = configs() + estimators() + methods() + recipes_and_regimes() + commands()
     return "\n".join(lines).rstrip()

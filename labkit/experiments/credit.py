@@ -50,6 +50,7 @@ from labkit.env.edits import rollout_hunks
 from labkit.experiments import claims, pages, stats
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import DEFAULT_OUT, command
+from labkit.experiments.methods import METHODS
 from labkit.loops.forks import measure_forks
 from labkit.loops.hunks import hunk_values, subset_program
 from labkit.runs.metrics import average_ranks
@@ -110,18 +111,20 @@ class Config:
     numbers decide nothing."""
 
 
-ESTIMATORS = {  # label -> (registered estimator, options)
-    "grpo": ("grpo", {}),
-    "didpo": ("didpo", {}),
-    "didpo (A_D only)": ("didpo_no_ae", {}),
-    "didpo_group_mean (non-paper)": ("didpo_group_mean", {}),
-    "didpo_fork": ("didpo_fork", {"spread": "hunk"}),
-    "oracle": ("oracle_hunk", {"episode": False}),
-    "revert_one": ("oracle_hunk", {"episode": False}),
-    "shuffled": ("oracle_hunk_shuffled", {"episode": False}),
+ESTIMATORS = {  # the records' label -> the method (labkit.experiments.methods.METHODS)
+    "grpo": "grpo",
+    "didpo": "didpo",
+    "didpo (A_D only)": "didpo_no_ae",
+    "didpo_group_mean (non-paper)": "didpo_group_mean",
+    "didpo_fork": "didpo_fork_hunk",
+    "oracle": "oracle",
+    "revert_one": "revert_one",
+    "shuffled": "shuffled",
 }
-"""The estimators compared, with ``oracle`` the ceiling, ``revert_one`` the positive control
-(``oracle_hunk`` on revert-one effects instead of Shapley values) and ``shuffled`` the floor."""
+"""The methods whose credit is compared, under the labels the records keep: ``oracle`` the
+ceiling, ``revert_one`` the positive control (``oracle_hunk`` on revert-one effects instead of
+Shapley values) and ``shuffled`` the floor. Each method's estimator and options are the ones
+it trains with."""
 
 PRIMARY = (
     Contrast("DiDPO within-rollout agreement", "claim", "didpo", None, +1,
@@ -293,9 +296,10 @@ def credit_batch(policy, tasks, cfg: Config, split: str, rnd: int, index: int, r
     inp = AdvantageInput(torch.tensor(own, dtype=torch.float64), [r.task_id for r in rolls], mask,
                          rollouts=rolls, tasks=task_of, forks=forks.sites, hunks=hunks)
     loo = revert_one_values(rolls, task_of, runner, own, hunks)
-    advs = {lab: compute_advantages(name, dataclasses.replace(inp, hunks=loo) if lab == "revert_one" else inp,
-                                    **opts).advantages
-            for lab, (name, opts) in ESTIMATORS.items()}
+    advs = {lab: compute_advantages(METHODS[m].estimator,
+                                    dataclasses.replace(inp, hunks=loo) if m == "revert_one" else inp,
+                                    **METHODS[m].estimator_options).advantages
+            for lab, m in ESTIMATORS.items()}
     records = []
     for b, (r, row) in enumerate(zip(rolls, hunks.rows)):
         for k, (tokens, value) in enumerate(row):

@@ -14,8 +14,9 @@ forks). Two controls run in the same harness:
 
 At equal cost and step size: ``didpo_fork@wall`` trains the fork estimator for the steps that
 fit in GRPO's wall time (step costs measured side by side before training), and every credit
-estimator also trains rescaled to GRPO's per-group RMS (``<method>@rms``,
-``TrainConfig.match_scale``), so a difference is not a step-size difference. Each row records
+estimator also trains rescaled to GRPO's per-group RMS (its ``scale="rms"`` variant,
+``didpo@rms``: ``TrainConfig.match_scale``; :mod:`labkit.experiments.methods`), so a
+difference is not a step-size difference. Each row records
 the mean ``|A|`` per token and the update's gradient norm.
 """
 
@@ -25,12 +26,12 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.credit.reshaping import ReshapeConfig
 from labkit.experiments import claims, pages
 from labkit.experiments.claims import Contrast
-from labkit.experiments.config import ExperimentConfig, base_train_config, command
+from labkit.experiments.config import ExperimentConfig, command
+from labkit.experiments.methods import METHODS, check_methods, variant
 from labkit.experiments.paired import add_paired
-from labkit.experiments.runs import run_methods, training_record
+from labkit.experiments.runs import method_config, run_methods, training_record
 from labkit.loops.trainer import Trainer
 
 TITLE = "Diff-level credit on multi-hunk repairs: GRPO, DiDPO, DiDPO-fork and an oracle"
@@ -47,13 +48,14 @@ class Config(ExperimentConfig):
     train_problems: int = 1000
     """Synthetic two-bug training problems of ``train_split``."""
     methods: tuple[str, ...] = ("grpo", "didpo", "didpo_fork", "oracle_hunk", "oracle_hunk_shuffled")
-    """Advantage estimators (``TrainConfig.estimator``) trained on every seed, raw reward."""
+    """Methods (:data:`labkit.experiments.methods.METHODS`: an advantage estimator on the raw
+    reward each) trained on every seed."""
     scale_matched: tuple[str, ...] = ("didpo", "didpo_fork", "oracle_hunk")
-    """Estimators also trained with their advantages rescaled to GRPO's per-group RMS
-    (``<name>@rms``)."""
+    """Methods also trained with their advantages rescaled to GRPO's per-group RMS (each one's
+    ``scale="rms"`` variant, e.g. ``didpo@rms``)."""
     equal_wall: bool = True
-    """Also train ``didpo_fork@wall``: the fork estimator for the steps that fit in GRPO's wall
-    time (``steps * cost_grpo / cost_fork``, the costs measured side by side first)."""
+    """Also train ``didpo_fork@wall``, DiDPO-fork's variant at GRPO's wall time: the steps that
+    fit in it (``steps * cost_grpo / cost_fork``, the costs measured side by side first)."""
     n_bugs: int = 2
     """Two bugs per task, in separate hunks: DiDPO's premise is multi-region edits."""
     multi_hunk: bool = True
@@ -74,6 +76,13 @@ class Config(ExperimentConfig):
     """Where to fork (``fork.strategy``): the policy's least sure tokens."""
     cost_rounds: int = 2
     """Rounds of the side-by-side cost measurement (one step of every method per round)."""
+
+    def validate(self) -> None:
+        check_methods(self.methods)
+        check_methods(self.scale_matched, field_name="scale_matched")
+        trained(self)  # every scale-matched method has its variant
+        if self.equal_wall and "grpo" not in self.methods:
+            raise ValueError("equal_wall compares with GRPO's wall time: add grpo to methods")
 
 
 PRIMARY = (
@@ -96,21 +105,17 @@ def restat(results: dict) -> dict:
     return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
 
 
-def _estimator(method: str) -> str:
-    return method.split("@")[0]
+def trained(exp: Config) -> list[str]:
+    """Every method the experiment trains, in order: ``methods``, the scale-matched variants
+    of ``scale_matched``, and DiDPO-fork at GRPO's wall time (``equal_wall``)."""
+    return [*exp.methods, *(variant(m, scale="rms") for m in exp.scale_matched),
+            *([variant("didpo_fork", wall="grpo")] if exp.equal_wall else [])]
 
 
-def _configure(exp: Config, wall_steps: int | None = None):
-    def configure(method: str, cfg) -> None:
-        cfg.estimator = _estimator(method)
-        cfg.match_scale = method.endswith("@rms")
-        cfg.fork.fraction, cfg.fork.budget = exp.fork_fraction, exp.fork_budget
-        cfg.fork.strategy = exp.fork_strategy
-        if method.endswith("@wall"):
-            cfg.steps = max(1, wall_steps or 1)
-            cfg.checkpoint_every = max(1, cfg.steps // 3)
-            cfg.eval_every = cfg.steps
-    return configure
+def shared(exp: Config) -> dict:
+    """What every method's runs share beyond the base config: how the forks are made."""
+    return {"fork.fraction": exp.fork_fraction, "fork.budget": exp.fork_budget,
+            "fork.strategy": exp.fork_strategy}
 
 
 def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -> dict[str, float]:
@@ -123,13 +128,10 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
 
     times: dict[str, list[float]] = {m: [] for m in methods}
     root = Path(tempfile.mkdtemp(prefix="didpo-costs-"))
-    configure = _configure(exp)
     try:
         trainers = {}
         for m in methods:
-            cfg = base_train_config(exp, exp.seeds[0], str(root / m))
-            cfg.reshape = ReshapeConfig.raw()
-            configure(m, cfg)
+            cfg = method_config(exp, m, exp.seeds[0], str(root / m), shared(exp))
             cfg.steps, cfg.eval_every, cfg.checkpoint_every = rounds, 0, rounds + 1
             trainers[m] = Trainer(cfg)
         for _ in range(rounds):
@@ -143,19 +145,14 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
 
 
 def run(exp: Config) -> Path:
-    unknown = [m for m in (*exp.methods, *exp.scale_matched) if m.startswith("@")]
-    if unknown:
-        raise ValueError(f"method names {unknown} are not estimators")
-    if exp.equal_wall and "grpo" not in exp.methods:
-        raise ValueError("equal_wall compares with GRPO's wall time: add grpo to methods")
-    timed = tuple(dict.fromkeys(["grpo", "didpo_fork", *exp.methods]))
-    costs = measure_step_costs(exp, timed, exp.cost_rounds) if exp.equal_wall else {}
-    wall_steps = max(1, int(exp.steps * costs["grpo"] / costs["didpo_fork"])) if exp.equal_wall else None
-    methods = {m: ReshapeConfig.raw for m in exp.methods}
-    methods |= {f"{m}@rms": ReshapeConfig.raw for m in exp.scale_matched}
-    if exp.equal_wall:
-        methods["didpo_fork@wall"] = ReshapeConfig.raw
-    results = run_methods("didpo", methods, exp, configure=_configure(exp, wall_steps))
+    exp.validate()  # unknown methods fail before training
+    methods = trained(exp)
+    walls = [METHODS[m] for m in methods if METHODS[m].wall]  # timed against their own method
+    timed = tuple(dict.fromkeys([*(x for w in walls for x in (w.wall, w.variant_of)), *exp.methods]))
+    costs = measure_step_costs(exp, timed, exp.cost_rounds) if walls else {}
+    wall_steps = max(1, int(exp.steps * costs[walls[0].wall] / costs[walls[0].variant_of])) \
+        if walls else None
+    results = run_methods("didpo", methods, exp, shared=shared(exp), wall_steps=wall_steps)
     results["command"] = command("didpo", exp)
     results["step_costs_s"] = costs
     results["wall_steps"] = wall_steps
@@ -171,7 +168,8 @@ def _pairs(results: dict) -> list[tuple[str, str]]:
     names = list(results["methods"])
     out = [("grpo", m) for m in names if m != "grpo"]
     out += [("didpo", "didpo_fork")] if {"didpo", "didpo_fork"} <= set(names) else []
-    out += [(m.split("@")[0], m) for m in names if m.endswith("@rms") and m.split("@")[0] in names]
+    out += [(METHODS[m].variant_of, m) for m in names if m in METHODS and METHODS[m].scale == "rms"
+            and METHODS[m].variant_of in names]
     return out
 
 

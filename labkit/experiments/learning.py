@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.credit.reshaping import RECIPES
 from labkit.experiments import claims, pages
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import ExperimentConfig, command
@@ -63,7 +62,7 @@ def restat(results: dict) -> dict:
 
 
 def run(exp: Config) -> Path:
-    results = run_methods("learning", {"grpo": RECIPES["raw"]}, exp)
+    results = run_methods("learning", ("grpo",), exp)
     results["command"] = command("learning", exp)
     if exp.paired_tasks:
         add_paired(results, exp)

@@ -46,6 +46,7 @@ from labkit.env.tasks import load_tasks, synthetic_problems
 from labkit import provenance
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import DEFAULT_OUT, command
+from labkit.experiments.methods import METHODS, check_methods
 from labkit.experiments import claims, pages, stats
 from labkit.mucode.episodes import EpisodeConfig, turn_prompt
 from labkit.mucode.loop import MucodeConfig, MucodeTasks, evaluate_bon, run_mucode
@@ -55,11 +56,11 @@ from labkit.policy.sft import SFTConfig
 from labkit.seeding import derive_seed
 
 SELECTOR_ORDER = ("random", "public_tests", "verifier", "public_then_verifier", "oracle")
-GENERATORS = {"expert_iteration": "verifier", "ei_filtered": "verifier_public",
-              "ei_oracle": "oracle", "sft_self": "self"}
-"""Trained generators -> their relabelling (``MucodeConfig.relabel``): muCODE's expert
-iteration, its filtered form, and two controls: correct experts only (the ceiling of
-relabelling) and a fine-tune on the start model's own correct samples (forgetting alone)."""
+GENERATORS = ("expert_iteration", "ei_filtered", "ei_oracle", "sft_self")
+"""Trained generators, muCODE methods of :data:`labkit.experiments.methods.METHODS` (each sets
+its relabelling, ``MucodeConfig.relabel``): muCODE's expert iteration, its filtered form, and
+two controls: correct experts only (the ceiling of relabelling) and a fine-tune on the start
+model's own correct samples (forgetting alone)."""
 
 PAPER = {
     "source": "muCODE, arXiv 2502.20380, Llama-3.2-1B-Instruct (1B) rows of Table 1 and Table 2",
@@ -350,17 +351,17 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
     for gen in ("expert_iteration", *[g for g in cfg.generators if g != "expert_iteration"]):
         if (folder / gen).exists():  # an unfinished or different earlier run
             shutil.rmtree(folder / gen)
-        mcfg = MucodeConfig(
+        mcfg = METHODS[gen].configure(MucodeConfig(
             run_dir=str(folder / gen), seed=seed, iterations=cfg.iterations,
             rollouts_per_task=cfg.rollouts_per_task, policy=PolicyConfig(spec=cfg.policy),
             tasks=MucodeTasks(train_problems=cfg.train_problems, eval_tasks=0),
             collect=EpisodeConfig(turns=cfg.turns, n_candidates=1, temperature=cfg.temperature,
                                   max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size),
-            verifier=vcfg, relabel=GENERATORS[gen],
+            verifier=vcfg,
             sft=SFTConfig(lr=cfg.sft_lr, batch_size=cfg.sft_batch_size, max_steps=cfg.sft_steps,
-                          warmup_steps=5, log_every=10))
+                          warmup_steps=5, log_every=10)))
         t0 = time.time()
-        print(f"seed {seed}: {gen} ({GENERATORS[gen]} relabelling), {len(train)} "
+        print(f"seed {seed}: {gen} ({mcfg.relabel} relabelling), {len(train)} "
               f"{cfg.train_split} tasks x {cfg.rollouts_per_task} rollouts, {cfg.iterations} "
               "iterations", flush=True)
         runs[gen] = run_mucode(mcfg, policy=load_policy(cfg.policy, reference="none"),
@@ -519,9 +520,7 @@ def run(cfg: Config) -> Path:
 
     if not cfg.seeds:
         raise ValueError("experiment mucode needs at least one seed (--set seeds=[0,1,2])")
-    unknown = [g for g in cfg.generators if g not in GENERATORS]
-    if unknown:
-        raise ValueError(f"unknown generators {unknown}; choose from {list(GENERATORS)}")
+    check_methods(cfg.generators, loop="mucode", field_name="generators")
     torch.set_num_threads(cfg.threads)
     train = load_tasks("synthetic", cfg.train_split, n=cfg.train_problems, seed=cfg.task_seed)
     syn_eval = load_tasks("synthetic", "test", n=cfg.eval_tasks, seed=cfg.task_seed)[: cfg.eval_tasks]

@@ -25,62 +25,22 @@ copying the buggy code; it stays as an exploratory row.)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from labkit.credit.reshaping import COMPONENT_OFF, RECIPES, ReshapeConfig
 from labkit.env.tasks import load_tasks
 from labkit.experiments import claims, pages
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import ExperimentConfig, code_commit, command
+from labkit.experiments.methods import FLIP_P, check_methods, variants_of
 from labkit.experiments.paired import add_paired
 from labkit.experiments.runs import run_methods, training_record
 from labkit.policy.evaluate import EvalConfig, evaluate
 from labkit.policy.loading import load_policy, weights_fingerprint
 
 TITLE = "Reward reshaping for GRPO under sparse feedback"
-
-
-def full_recipe() -> ReshapeConfig:
-    """The blog's recipe with every component that acts under GRPO: the composite reward
-    (``reshaped_grpo``), piecewise amplification (``|A| > 1`` doubled: the blog's "分段放大"),
-    and a focus threshold (``|A| < 0.5`` damped to a tenth: the blog's suppressed low-advantage
-    samples). The curriculum is the trainer's (``TrainConfig.curriculum``)."""
-    return dataclasses.replace(RECIPES["reshaped_grpo"](), amplify="piecewise", amplify_scale=2.0,
-                               focus_threshold=0.5, focus_damping=0.1)
-
-
-LEAVE_ONE_OUT = ("composite", "amplify", "focus", "curriculum")
-"""The components of :func:`full_recipe` that act under GRPO, each switched off in turn."""
-
-
-FLIP_P = 0.3
-"""How often ``raw_grpo_flip30``'s pass/fail label is wrong."""
-
-
-def method_config(method: str) -> tuple[ReshapeConfig, bool, dict | None]:
-    """``(recipe, curriculum, feedback override)`` of a method name."""
-    if method == "raw_grpo":
-        return RECIPES["raw"](), False, None
-    if method == "raw_grpo_dense":
-        return RECIPES["raw"](), False, {"mode": "dense"}
-    if method == "raw_grpo_flip30":
-        return RECIPES["raw"](), False, {"mode": "flipped", "noise_p": FLIP_P}
-    if method == "reshaped_grpo":
-        return RECIPES["reshaped_grpo"](), False, None
-    if method == "reshaped_full":
-        return full_recipe(), True, None
-    if method.startswith("full-") and method[5:] in LEAVE_ONE_OUT:
-        off = method[5:]
-        if off == "curriculum":
-            return full_recipe(), False, None
-        return dataclasses.replace(full_recipe(), **COMPONENT_OFF[off]), True, None
-    raise ValueError(f"unknown reshaping method {method!r}; choose raw_grpo, raw_grpo_flip30, "
-                     f"raw_grpo_dense, reshaped_grpo, reshaped_full or "
-                     f"full-<{'|'.join(LEAVE_ONE_OUT)}>")
 
 
 @dataclass
@@ -101,9 +61,10 @@ class Config(ExperimentConfig):
     train_problems: int = 3000
     """Problems generated of ``train_split`` before keeping ``templates``."""
     methods: tuple[str, ...] = ("raw_grpo", "reshaped_full", "raw_grpo_flip30", "raw_grpo_dense")
-    """Methods (:func:`method_config`), every one on every seed: the claim's two, the positive
-    control's flipped labels, and the dense signal (exploratory). The leave-one-out rows
-    ``full-<component>`` and the composite alone (``reshaped_grpo``) are there to add."""
+    """Methods (:data:`labkit.experiments.methods.METHODS`), every one on every seed: the
+    claim's two, the positive control's flipped labels, and the dense signal (exploratory).
+    The leave-one-out rows ``full-<component>`` and the composite alone (``reshaped_grpo``)
+    are there to add."""
     steps: int = 40
     """Policy updates per run."""
     eval_tasks: int = 64
@@ -111,16 +72,8 @@ class Config(ExperimentConfig):
     paired_per_template: int | None = 16
     """At most 16 held-out two-bug tasks of any one template."""
 
-
-def _configure(method: str, cfg) -> None:
-    recipe, curriculum, feedback = method_config(method)
-    cfg.reshape, cfg.curriculum = recipe, curriculum
-    for k, v in (feedback or {}).items():
-        setattr(cfg.feedback, k, v)
-
-
-def _make(method: str):
-    return lambda: method_config(method)[0]
+    def validate(self) -> None:
+        check_methods(self.methods)
 
 
 BLOG_RELATIVE_GAIN = 0.35
@@ -148,10 +101,9 @@ def restat(results: dict) -> dict:
 
 
 def run(exp: Config) -> Path:
-    for m in exp.methods:
-        method_config(m)  # unknown names fail before training
-    results = run_methods("reshaping", {m: _make(m) for m in exp.methods}, exp,
-                          configure=_with_templates(exp))
+    exp.validate()  # unknown methods fail before training
+    results = run_methods("reshaping", exp.methods, exp,
+                          shared={"tasks.templates": tuple(exp.templates)})
     results["command"] = command("reshaping", exp)
     training_record(results)
     if exp.paired_tasks:
@@ -160,19 +112,12 @@ def run(exp: Config) -> Path:
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 
-def _with_templates(exp: Config):
-    def configure(method: str, cfg) -> None:
-        cfg.tasks.templates = tuple(exp.templates)
-        _configure(method, cfg)
-    return configure
-
-
 def _pairs(results: dict) -> list[tuple[str, str]]:
     """The method-against-method rows (the primary ones among them are read above)."""
     names = list(results["methods"])
     out = [("raw_grpo", m) for m in names if m not in ("raw_grpo", "raw_grpo_flip30")]
     out += [("raw_grpo_flip30", "raw_grpo")] if "raw_grpo_flip30" in names else []
-    out += [("reshaped_full", m) for m in names if m.startswith("full-")]
+    out += [("reshaped_full", m) for m in variants_of("reshaped_full", names)]
     return out
 
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from labkit import provenance
-from labkit.config import to_dict, to_record
+from labkit.config import apply_values, to_dict, to_record
 from labkit.experiments import stats
 from labkit.experiments.config import ExperimentConfig, ReuseError, base_train_config
+from labkit.experiments.methods import METHODS, check_methods
 from labkit.experiments.paired import paired_list
 from labkit.runs.events import RunFolder
 from labkit.runs.trackers import WATCH_FIELDS
@@ -29,28 +32,31 @@ from labkit.policy.loading import weights_fingerprint
 from labkit.provenance import CodeDriftError, record_weights  # noqa: F401 (re-exported)
 
 
-def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
+def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
+                shared: Mapping[str, Any] | None = None, wall_steps: int | None = None,
                 aliases: dict[str, str] | None = None) -> dict:
-    """Train every method with every seed; collect eval curves and timings.
+    """Train every method (names of :data:`labkit.experiments.methods.METHODS`) with every
+    seed; collect eval curves and timings. Each run's config is the experiment's base config
+    (:func:`base_train_config`), then ``shared`` (what the experiment sets for every method, by
+    dotted path), then the method's own overrides (:meth:`Method.configure`; ``wall_steps``
+    for a method at another's wall time).
 
     ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``) that
     trains the identical configuration: a finished run of it is reused instead of trained
     again (the config, run folder aside, must match exactly)."""
+    check_methods(methods)
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
-    configure = configure or (lambda method, cfg: None)
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
     now = provenance.code_identity()
     recorded, source = recorded_methods(exp, name, weights, now)
     built: dict[str, dict] = {}  # method -> the training config this code gives it
-    for method, make in methods.items():
+    for method in methods:
         per_seed = []
         for seed in exp.seeds:
             run_dir = f"{exp.run_root}/{name}/{method}/seed{seed}"
-            cfg = base_train_config(exp, seed, run_dir)
-            cfg.reshape = make()
-            configure(method, cfg)
+            cfg = method_config(exp, method, seed, run_dir, shared, wall_steps)
             built.setdefault(method, train_config_record(cfg))
             alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
             done = None
@@ -92,6 +98,15 @@ def run_methods(name: str, methods: dict, exp: ExperimentConfig, configure=None,
     results["seeds"] = list(exp.seeds)
     results["provenance"] = provenance_record(results, now, exp.allow_code_drift)
     return results
+
+
+def method_config(exp: ExperimentConfig, method: str, seed: int, run_dir: str,
+                  shared: Mapping[str, Any] | None = None,
+                  wall_steps: int | None = None) -> TrainConfig:
+    """The training config of one run of ``method``: the experiment's base config, the
+    experiment's ``shared`` settings, then the method's overrides."""
+    cfg = apply_values(base_train_config(exp, seed, run_dir), shared or {})
+    return METHODS[method].configure(cfg, wall_steps)
 
 
 def train_config_record(cfg: TrainConfig) -> dict:
