@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from labkit.env import humaneval, synthetic, tasks
 from labkit.experiments import claims, stats
 from labkit.experiments.config import RESULTS
 from labkit.machine import read_records
@@ -426,8 +427,6 @@ def fork_cost(path: str | Path = CREDIT) -> str:
 def template_census(seed: int = 0) -> str:
     """docs/tasks.md's templates per family and split: the census the synthetic split is made of
     (the shipped ``template-splits`` list of ``data/tasks``, or computed where it is stale)."""
-    from labkit.env import synthetic, tasks
-
     splits = tasks._template_splits(seed, tuple(tasks.TEMPLATE_FRACTIONS))
     names = ("train", "val", "test")
     count = {f: dict.fromkeys(names, 0) for f in synthetic.FAMILIES}
@@ -445,8 +444,6 @@ def template_census(seed: int = 0) -> str:
 def humaneval_conversion() -> str:
     """docs/tasks.md's conversion statistics of HumanEval's ``check()`` functions
     (:func:`labkit.env.humaneval.conversion_stats`, on the bundled problems)."""
-    from labkit.env import humaneval
-
     s = humaneval.conversion_stats()
     n = s["problems"]
     return "\n".join([
