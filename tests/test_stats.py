@@ -231,3 +231,18 @@ def test_control_variate_removes_what_the_screen_predicts_and_keeps_the_mean():
     assert after["se"] < 0.6 * before["se"] and after["mde"] < before["mde"]
     flat, b0 = control_variate(per, [0.5] * 60)  # a covariate that does not vary: no change
     assert b0 == 0 and flat == per
+
+
+def test_a_design_s_mde_from_its_components_and_the_seeds_a_target_needs():
+    rng = np.random.default_rng(8)
+    d = (0.02 * rng.standard_normal((3, 1))) + 0.1 * rng.standard_normal((1, 150)) \
+        + 0.2 * rng.standard_normal((3, 150))
+    comp = stats.components(d)
+    rec = stats.paired_change(dict(enumerate(d)))
+    assert stats.design_mde(comp, 3, 150) == pytest.approx(rec["mde"])  # the measured design
+    mdes = [stats.design_mde(comp, n, 150) for n in (2, 3, 5, 10, 40)]
+    assert mdes == sorted(mdes, reverse=True)  # more seeds detect smaller effects
+    n = stats.seeds_needed(comp, 150, mdes[3])
+    assert n is not None and n <= 10 and stats.design_mde(comp, n, 150) <= mdes[3]
+    assert stats.design_mde(comp, n - 1, 150) > mdes[3] if n > 2 else True
+    assert stats.seeds_needed(comp, 150, 1e-6) is None

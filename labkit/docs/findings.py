@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from labkit.env import humaneval, synthetic, tasks
 from labkit.experiments import claims, stats
 from labkit.experiments.config import RESULTS
 from labkit.machine import read_records
@@ -384,6 +385,80 @@ def trl_gather(path: str | Path = TRL_GATHER) -> str:
     return "\n".join(lines)
 
 
+LEARNING = RESULTS / "learning.json"
+
+
+def sampling_temperature(manifest: str | Path = MODEL, learning: str | Path = LEARNING) -> str:
+    """docs/training.md's case for the experiments' sampling temperature: how the shipped model
+    samples on the balanced held-out list (its manifest's ``quality``) and what GRPO does from
+    there (the learning record's claim)."""
+    m = json.loads(Path(manifest).read_text())
+    q = m["quality"]["synthetic_test_balanced"]
+    cap = m.get("quality_measured", {}).get("eval_per_template")
+    listed = f" (at most {cap} tasks per template)" if cap else ""
+    said = (f"At T = {q['temperature']} on the balanced held-out list{listed} the shipped model samples "
+            f"with {q['token_entropy']:.3f} nats of token entropy, {q['zero_var_groups_frac']:.0%} "
+            f"all-equal groups, pass@1 {q['pass_at_1']:.3f} and pass@8 {q['pass_at_8']:.3f} "
+            f"([tiny_model.md](tiny_model.md))")
+    r = json.loads(Path(learning).read_text())
+    claim = claims.claim_of(r.get("primary"))
+    if claim and claim.get("change"):
+        seeds = claim["change"].get("seeds")
+        said += (f"; GRPO moves held-out pass@1 by {_words(claim['change'])} over {seeds} seeds at "
+                 f"T = {r['setting']['temperature']} ([results/learning.md](results/learning.md))")
+    return said + "."
+
+
+CREDIT = RESULTS / "credit.json"
+
+
+def fork_cost(path: str | Path = CREDIT) -> str:
+    """docs/didpo.md's measured cost of forks against sampling, from the credit experiment's
+    record (``cost``: seconds spent sampling and forking, and the forks made)."""
+    r = json.loads(Path(path).read_text())
+    c, cfg = r["cost"], r["config"]
+    return (f"`{r['command']}` sampled {r['groups_sampled']} groups of G = {cfg['group_size']} and ran "
+            f"them in {c['sample_s']:.0f} s; {c['forks']:,.0f} forks of its informative groups' rollouts "
+            f"(`{cfg['fork_strategy']}` positions, fraction {cfg['fork_fraction']}, at most "
+            f"{cfg['fork_budget']} a rollout, at most {cfg['max_new_tokens']} new tokens), generated and "
+            f"run, took {c['fork_s']:.0f} s: {c['fork_s'] / c['sample_s']:.1f} times the sampling.")
+
+
+def template_census(seed: int = 0) -> str:
+    """docs/tasks.md's templates per family and split: the census the synthetic split is made of
+    (the shipped ``template-splits`` list of ``data/tasks``, or computed where it is stale)."""
+    splits = tasks._template_splits(seed, tuple(tasks.TEMPLATE_FRACTIONS))
+    names = ("train", "val", "test")
+    count = {f: dict.fromkeys(names, 0) for f in synthetic.FAMILIES}
+    for template, split in splits.items():
+        count[template.split("/", 1)[0]][split.value] += 1
+    total = {s: sum(c[s] for c in count.values()) for s in names}
+    lines = [f"At split seed {seed} the census holds {len(splits)} templates: {total['train']} "
+             f"training, {total['val']} `val` and {total['test']} `test` templates.", "",
+             "| family | templates | train | val | test |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| `{f}` | {sum(c.values())} | " + " | ".join(str(c[s]) for s in names) + " |"
+              for f, c in count.items()]
+    return "\n".join(lines)
+
+
+def humaneval_conversion() -> str:
+    """docs/tasks.md's conversion statistics of HumanEval's ``check()`` functions
+    (:func:`labkit.env.humaneval.conversion_stats`, on the bundled problems)."""
+    s = humaneval.conversion_stats()
+    n = s["problems"]
+    return "\n".join([
+        "| | count |", "|---|---:|",
+        f"| assert statements in the {n} `check()` functions | {s['asserts']} |",
+        f"| became parent-graded `IOCase`s | **{s['io_cases']}** ({s['io_cases'] / s['asserts']:.1%}) |",
+        f"| run in the sandbox's grader, inside `AssertTest`s | {s['child_asserts']} |",
+        f"| dropped (`assert True, ...`) | {s['dropped']} |",
+        f"| `AssertTest` objects (single asserts in HumanEval/33 and /37, whole bodies in /32, /38, "
+        f"/44, /50, /53, /151) | {s['assert_tests']} |",
+        f"| problems graded entirely in the parent (the others partly or wholly in the grader) | "
+        f"{s['fully_parent_graded']} of {n} |",
+        f"| problems with parseable docstring examples | {s['with_docstring_examples']} of {n} |"])
+
+
 def reference() -> str:
     return reference_markdown()
 
@@ -396,6 +471,10 @@ BLOCKS: dict[str, Callable[[str | Path], str]] = {
     "test-durations": lambda results_dir: test_durations(),
     "reference": lambda results_dir: reference(),
     "trl-gather": lambda results_dir: trl_gather(),
+    "sampling-temperature": lambda results_dir: sampling_temperature(),
+    "fork-cost": lambda results_dir: fork_cost(),
+    "template-census": lambda results_dir: template_census(),
+    "humaneval-conversion": lambda results_dir: humaneval_conversion(),
 }
 """Generated blocks (``<!-- NAME:start -->`` ... ``<!-- NAME:end -->`` in a markdown file): name
 -> the function of the results folder that writes it."""
@@ -421,7 +500,8 @@ def regenerate(text: str, results_dir: str | Path = RESULTS) -> str:
 
 ROOT = RESULTS.parents[1]
 GENERATED_PAGES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "tiny_model.md",
-                   ROOT / "docs" / "reference.md", ROOT / "docs" / "scale_out.md"]
+                   ROOT / "docs" / "reference.md", ROOT / "docs" / "scale_out.md",
+                   ROOT / "docs" / "training.md", ROOT / "docs" / "didpo.md", ROOT / "docs" / "tasks.md"]
 """The pages holding generated blocks (``python -m labkit docs`` writes them all)."""
 
 

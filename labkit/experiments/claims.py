@@ -105,7 +105,8 @@ def read(results: Mapping, primary: Sequence[Contrast], key: str,
                         "both methods"} if c.role == "claim" else
                        {"passed": False, "why": "the control was not run"})
         elif c.role == "claim":
-            rec.update(stats.claim_verdict(change, c.direction, size), mde=mdes[c.label])
+            rec.update(stats.claim_verdict(change, c.direction, size), mde=mdes[c.label],
+                       plan=plan(change, size))
         else:
             rec.update(stats.control_verdict(change, c.direction if c.role == "positive" else 0,
                                              mdes.get(rec["of"])))
@@ -119,6 +120,20 @@ def read(results: Mapping, primary: Sequence[Contrast], key: str,
     out["mde"] = claim.get("mde") if claim else None
     out["testbed_sees"] = claim.get("testbed_sees") if claim else None
     return out
+
+
+def plan(change: Mapping, size: float | None) -> dict | None:
+    """How many training seeds a design on the same tasks needs to detect half the claimed
+    size, from this record's variance components (:func:`labkit.experiments.stats.seeds_needed`):
+    ``{"target", "seeds"}`` (``seeds`` ``None``: not within 64), or ``None`` without a size or
+    per-task data."""
+    per_task = change.get("per_task")
+    if size is None or not per_task or len(per_task) < 2 or change.get("tasks", 0) < 2:
+        return None
+    comp = stats.components(list(per_task.values()))
+    target = abs(size) / 2
+    return {"target": target, "seeds": stats.seeds_needed(comp, change["tasks"], target),
+            "components": comp}
 
 
 def restat_methods(results: dict, primary: Sequence[Contrast], key: str) -> dict:

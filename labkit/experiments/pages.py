@@ -379,6 +379,11 @@ def _claim_summary(prim: Mapping, claim: Mapping) -> list[str]:
              + (f"{mde:.3f}." if mde else "n/a (one seed, or no variation).")]
     if claim.get("source"):
         lines.append(f"The claimed size comes from: {claim['source']}.")
+    p = claim.get("plan")
+    if p:
+        lines.append(f"Seeds a design on these tasks needs to detect half the claimed size "
+                     f"({p['target']:.3f}), from this record's variance components: "
+                     + (f"{p['seeds']}." if p["seeds"] else "more than 64."))
     sees = claim.get("testbed_sees")
     positives = claims.controls_of(prim, "positive", claim["label"])
     if positives and all(r.get("change") is None for r in positives):

@@ -147,22 +147,62 @@ def crossed(deltas: Sequence[Sequence[float]]) -> dict:
     df_res = (n - 1) * (m - 1)
     ms_res = float((resid ** 2).sum()) / df_res
     seed_floor = ms_seed < ms_res
-    a, df_a = (ms_res, df_res) if seed_floor else (ms_seed, n - 1)
-    b, df_b = (ms_res, df_res) if ms_task < ms_res else (ms_task, m - 1)
-    # a + b - MS_res, by Satterthwaite; a floored term cancels against -MS_res exactly
-    terms = [(x, f) for x, f, floored in ((a, df_a, seed_floor), (b, df_b, ms_task < ms_res))
-             if not floored]
+    total, df = _combined(ms_seed, n - 1, ms_task, m - 1, ms_res, df_res)
+    return {"mean": float(grand), "se": math.sqrt(max(total, 0.0) / (n * m)), "df": float(df),
+            "ms_seed": ms_seed, "ms_task": ms_task, "ms_res": ms_res,
+            "sd_seeds": float(seed_means.std(ddof=1)), "sd_seeds_floor": math.sqrt(ms_res / m),
+            "seed_floor_used": bool(seed_floor)}
+
+
+def _combined(ms_seed: float, df_seed: float, ms_task: float, df_task: float, ms_res: float,
+              df_res: float) -> tuple[float, float]:
+    """``max(MS_seed, MS_res) + max(MS_task, MS_res) - MS_res`` and its Satterthwaite df
+    (``(sum c_k MS_k)^2 / sum (c_k MS_k)^2 / df_k``); a term floored at ``MS_res`` cancels
+    against ``-MS_res`` exactly, leaving the other terms and their df."""
+    terms = [(x, f) for x, f in ((ms_seed, df_seed), (ms_task, df_task)) if x > ms_res]
     if len(terms) == 2:
         terms.append((-ms_res, df_res))
     elif not terms:
         terms = [(ms_res, df_res)]
     total = sum(x for x, _ in terms)
     denom = sum(x * x / f for x, f in terms)
-    df = total * total / denom if denom > 0 else float(df_res)
-    return {"mean": float(grand), "se": math.sqrt(max(total, 0.0) / (n * m)), "df": float(df),
-            "ms_seed": ms_seed, "ms_task": ms_task, "ms_res": ms_res,
-            "sd_seeds": float(seed_means.std(ddof=1)), "sd_seeds_floor": math.sqrt(ms_res / m),
-            "seed_floor_used": bool(seed_floor)}
+    return total, (total * total / denom if denom > 0 else float(df_res))
+
+
+def components(deltas: Sequence[Sequence[float]]) -> dict:
+    """The crossed design's variance components from a two-way table (:func:`crossed`):
+    ``seed = max(0, (MS_seed - MS_res) / m)``, ``task = max(0, (MS_task - MS_res) / n)``,
+    ``residual = MS_res``: what a design with other numbers of seeds and tasks would see."""
+    c = crossed(deltas)
+    n, m = len(deltas), len(deltas[0])
+    return {"seed": max(0.0, (c["ms_seed"] - c["ms_res"]) / m),
+            "task": max(0.0, (c["ms_task"] - c["ms_res"]) / n), "residual": c["ms_res"]}
+
+
+def design_mde(comp: Mapping[str, float], seeds: int, tasks: int, level: float = LEVEL,
+               power: float = POWER) -> float:
+    """The MDE a design of ``seeds`` x ``tasks`` would have with variance components ``comp``
+    (:func:`components`): ``se^2 = s_u^2 / n + s_t^2 / m + s_e^2 / (n m)`` and Satterthwaite's
+    df from the expected mean squares (``MS_seed = s_e^2 + m s_u^2`` on ``n - 1`` df,
+    ``MS_task = s_e^2 + n s_t^2`` on ``m - 1``, ``MS_res = s_e^2`` on ``(n-1)(m-1)``), a zero
+    component dropped as :func:`crossed` drops a floored one. At the measured design it gives
+    the recorded MDE."""
+    n, m = seeds, tasks
+    if n < 2 or m < 2:
+        raise ValueError("a design needs at least two seeds and two tasks")
+    r = comp["residual"]
+    total, df = _combined(r + m * comp["seed"], n - 1, r + n * comp["task"], m - 1, r,
+                          (n - 1) * (m - 1))
+    return mde_exact(math.sqrt(max(total, 0.0) / (n * m)), df, level, power)
+
+
+def seeds_needed(comp: Mapping[str, float], tasks: int, target: float, most: int = 64) -> int | None:
+    """The fewest training seeds (2 to ``most``) whose design on ``tasks`` tasks detects
+    ``target`` (:func:`design_mde` at most ``target``); ``None`` when even ``most`` cannot."""
+    for n in range(2, most + 1):
+        if design_mde(comp, n, tasks) <= target:
+            return n
+    return None
 
 
 def p_value(mean: float, se: float, df: float) -> float:
