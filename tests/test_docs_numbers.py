@@ -65,12 +65,12 @@ CODE = {  # printed -> (file that holds it, why it is not in a record)
     "1e-3": ("tests/test_integrations_trl.py", "two processes against one: weights within 1e-3 of the move"),
     "3,000": ("labkit/env/synthetic.py", "family_templates' census size (3_000 drafts)"),
     "10,000": ("labkit/env/synthetic.py", "_MAX_MISSES: draws without a new behaviour before the stream stops"),
-    "4,300": ("labkit/env/plain.py", "MAX_INT_DIGITS of a grader reply"),
-    "200,000": ("labkit/env/plain.py", "MAX_ITEMS of a grader reply"),
+    "4,300": ("labkit/sandbox/plain.py", "MAX_INT_DIGITS of a grader reply"),
+    "200,000": ("labkit/sandbox/plain.py", "MAX_ITEMS of a grader reply"),
     "100,000": ("tests/test_sandbox_adversarial.py", "the nested brackets of a hostile reply"),
     "20,000": ("tests/test_sandbox_adversarial.py", "the colliding ints of a hostile reply"),
     "1,200": ("tests/test_sandbox_adversarial.py", "DEPTH of the nested directories a check leaves"),
-    "64000": ("labkit/env/sandbox.py", "SandboxConfig.uid_base"),
+    "64000": ("labkit/sandbox/config.py", "SandboxConfig.uid_base"),
     "3.11": ("pyproject.toml", "requires-python"),
     "9.2": ("pyproject.toml", "pytest is held below 9.2"),
     "1386": ("pyproject.toml", "the pytest-xdist issue the pin names"),
@@ -228,7 +228,7 @@ def allowed() -> set[str]:
 def test_every_number_of_the_manual_is_in_a_record_the_reference_or_the_allowlist():
     t0 = time.perf_counter()
     missing = unsourced(PAGES, record_files(), reference_numbers() | allowed())
-    assert not missing, ("numbers typed by hand: make them a generated block (labkit/experiments/"
+    assert not missing, ("numbers typed by hand: make them a generated block (labkit/docs/"
                          "findings.py BLOCKS), put the source's figure in docs/results/sources.json, or "
                          "move the sentence to docs/journal/:\n" + "\n".join(missing))
     assert time.perf_counter() - t0 < 2
