@@ -50,9 +50,11 @@ class WeightSchedule:
 
 @dataclass
 class ReshapeConfig:
-    """The reshaping recipe. Defaults: the blog's recipe with the precision gate on.
-
-    ``raw()`` gives plain GRPO's reward (tests passed only, nothing else).
+    """The reshaping recipe: one field per component of the reward and of the advantage
+    transform. The presets are the named recipes (:data:`RECIPES`: ``raw``, ``reshaped``,
+    ``reshaped_grpo``); a run's default is ``raw`` (``TrainConfig.reshape``), plain GRPO's reward.
+    The field defaults are the values a component takes when a recipe switches it on (the
+    blog's weights, the precision gate), not a recipe of their own.
     """
 
     w_test: float = 1.0
