@@ -175,21 +175,25 @@ def to_dict(cfg: Any) -> dict:
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def portable(value: Any) -> Any:
+    """``value`` with every absolute path inside the repository (in it, or in its dicts and
+    lists) written relative to the repository's root, so a committed file names no folder of
+    the machine that made it."""
+    if isinstance(value, dict):
+        return {k: portable(x) for k, x in value.items()}
+    if isinstance(value, list):
+        return [portable(x) for x in value]
+    if isinstance(value, str) and value.startswith("/"):
+        try:
+            return str(Path(value).resolve().relative_to(REPO_ROOT))
+        except ValueError:
+            return value
+    return value
+
+
 def to_record(cfg: Any) -> dict:
     """:func:`to_dict` for files the project commits (results, model manifests): a path
-    inside the repository is written relative to its root, so the record names no folder of
-    the machine that made it."""
-    def portable(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: portable(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [portable(x) for x in v]
-        if isinstance(v, str) and v.startswith("/"):
-            try:
-                return str(Path(v).resolve().relative_to(REPO_ROOT))
-            except ValueError:
-                return v
-        return v
+    inside the repository is written relative to its root (:func:`portable`)."""
     return portable(to_dict(cfg))
 
 

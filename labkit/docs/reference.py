@@ -23,11 +23,10 @@ import importlib
 import inspect
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import labkit.credit  # noqa: F401 - registers every estimator
 from labkit.__main__ import OWN_PARSERS, build_parser
-from labkit.config import REPO_ROOT
+from labkit.config import portable
 from labkit.credit.advantages import ADVANTAGE_ESTIMATORS, estimator_options
 from labkit.credit.losses import POLICY_LOSSES
 from labkit.credit.reshaping import RECIPES, ReshapeConfig
@@ -228,17 +227,6 @@ def recipes_and_regimes() -> list[str]:
     return out
 
 
-def _portable(value):
-    """A default as the page shows it: a folder of the checkout relative to its root (the page
-    is the same on every machine)."""
-    if isinstance(value, str) and value.startswith("/"):
-        try:
-            return str(Path(value).resolve().relative_to(REPO_ROOT))
-        except ValueError:
-            return value
-    return value
-
-
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
 
@@ -275,7 +263,7 @@ def argument_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]
             name += {"+": " ...", "*": " ...", "?": " (optional)"}[a.nargs]
         none = a.default is None or a.default is False or a.default == [] \
             or a.default is argparse.SUPPRESS or not takes
-        default = "required" if a.required else "-" if none else f"`{_portable(a.default)}`"
+        default = "required" if a.required else "-" if none else f"`{portable(a.default)}`"
         help_ = a.help or ""
         if a.choices:
             help_ += f"{'; ' if help_ else ''}one of {', '.join(f'`{c}`' for c in a.choices)}"
