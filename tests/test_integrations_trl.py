@@ -190,3 +190,33 @@ def test_didpo_trainer_on_two_processes_equals_one(tmp_path):
     apart = sum(float((w1[k] - w2[k]).norm()) ** 2 for k in w1) ** 0.5
     assert moved > 1e-2 and apart < 1e-3 * moved  # SGD: float noise stays float noise
     assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-5) for k in w1)
+
+
+def test_grpo_advantages_in_trl_are_labkits_estimator(tmp_path):
+    """The TRL engine's GRPO credit: on the rewards of TRL's first step, labkit's ``grpo``
+    estimator gives TRL's advantages, to the bit with TRL's std offset (1e-4) and within
+    1e-3 relative with labkit's own (1e-6)."""
+    seen = []
+
+    class Keep(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            seen.append((self._last_rewards, out["advantages"].detach().clone()))
+            return out
+
+        def _calculate_rewards(self, *args):
+            per_func = super()._calculate_rewards(*args)
+            self._last_rewards = per_func.sum(1).detach().clone()
+            return per_func
+
+    trainer, _ = _setup(tmp_path, Keep, SandboxReward(feedback="dense", recipe_name="raw"))
+    trainer.args.max_steps = 1
+    trainer.train()
+    rewards, trl_adv = seen[0]
+    groups = [b // trainer.num_generations for b in range(len(rewards))]
+    inp = AdvantageInput(rewards, groups, torch.ones(len(rewards), 1))
+    assert rewards.std() > 0  # a batch with signal: the comparison is not 0 == 0
+    ours = compute_advantages("grpo", inp, eps=1e-4).advantages[:, 0]
+    assert torch.equal(ours.to(trl_adv.dtype), trl_adv)
+    default = compute_advantages("grpo", inp).advantages[:, 0]
+    assert torch.allclose(default.to(trl_adv.dtype), trl_adv, rtol=1e-3, atol=0)

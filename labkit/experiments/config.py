@@ -157,6 +157,15 @@ class ExperimentConfig:
     """Experiment trackers every run reports to (``TrainConfig.report_to``), comma-separated:
     tensorboard, wandb, mlflow, trackio, or none. Where a run is watched is not part of what
     it trains: runs reported elsewhere are reused and resumed alike."""
+    engine: str = "labkit"
+    """What trains each run: ``labkit`` (its own trainer) or ``trl`` (TRL's ``GRPOTrainer``,
+    ``DiDPOTrainer`` for DiDPO: :mod:`labkit.experiments.trl_engine`), with the same methods,
+    tasks, paired evaluation, statistics and page. A method the TRL engine cannot train is
+    refused in one line before anything trains; its runs go to ``<run_root>/<e>-trl/``."""
+    processes: int = 1
+    """Processes the TRL engine trains each run on (``accelerate launch``; one: a plain child
+    process). ``tasks_per_step x group_size`` must split over them. The labkit engine trains in
+    one process."""
     reuse_finished: bool = True
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint

@@ -31,7 +31,7 @@ from labkit.experiments.claims import Contrast
 from labkit.experiments.config import ExperimentConfig, command
 from labkit.experiments.methods import METHODS, check_methods, variant
 from labkit.experiments.paired import add_paired
-from labkit.experiments.runs import method_config, run_methods, training_record
+from labkit.experiments.runs import check_engine, method_config, run_methods, training_record
 from labkit.loops.trainer import Trainer
 
 TITLE = "Diff-level credit on multi-hunk repairs: GRPO, DiDPO, DiDPO-fork and an oracle"
@@ -147,6 +147,7 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
 def run(exp: Config) -> Path:
     exp.validate()  # unknown methods fail before training
     methods = trained(exp)
+    check_engine(exp, methods, shared(exp))  # before the step costs are measured
     walls = [METHODS[m] for m in methods if METHODS[m].wall]  # timed against their own method
     timed = tuple(dict.fromkeys([*(x for w in walls for x in (w.wall, w.variant_of)), *exp.methods]))
     costs = measure_step_costs(exp, timed, exp.cost_rounds) if walls else {}

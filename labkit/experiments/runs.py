@@ -21,7 +21,7 @@ from typing import Any
 
 from labkit import provenance
 from labkit.config import apply_values, to_dict, to_record
-from labkit.experiments import stats
+from labkit.experiments import stats, trl_engine
 from labkit.experiments.config import ExperimentConfig, ReuseError, base_train_config
 from labkit.experiments.methods import METHODS, check_methods
 from labkit.experiments.paired import paired_list
@@ -45,6 +45,7 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
     trains the identical configuration: a finished run of it is reused instead of trained
     again (the config, run folder aside, must match exactly)."""
     check_methods(methods)
+    check_engine(exp, methods, shared, wall_steps)
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
@@ -55,7 +56,7 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
     for method in methods:
         per_seed = []
         for seed in exp.seeds:
-            run_dir = f"{exp.run_root}/{name}/{method}/seed{seed}"
+            run_dir = f"{exp.run_root}/{engine_folder(name, exp)}/{method}/seed{seed}"
             cfg = method_config(exp, method, seed, run_dir, shared, wall_steps)
             built.setdefault(method, train_config_record(cfg))
             alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
@@ -75,6 +76,12 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
                       f"{cfg.steps} steps)", flush=True)
                 continue
             t0 = time.time()
+            if exp.engine == "trl":  # another config's folder is moved aside; an unfinished run restarts
+                prepare_run_dir(run_dir, cfg, weights=weights)
+                trl_engine.train(cfg, exp.processes)
+                record_weights(run_dir, weights)
+                per_seed.append(summarise_run(run_dir, seed, wall_s=time.time() - t0, now=now))
+                continue
             resume = prepare_run_dir(run_dir, cfg, weights=weights)
             tr = Trainer(cfg)
             record_weights(run_dir, weights)
@@ -98,6 +105,32 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
     results["seeds"] = list(exp.seeds)
     results["provenance"] = provenance_record(results, now, exp.allow_code_drift)
     return results
+
+
+def engine_folder(name: str, exp: ExperimentConfig) -> str:
+    """The folder of an experiment's runs under ``run_root``: its name, ``<name>-trl`` for the
+    TRL engine (a run of one engine is never found again as the other's)."""
+    return name if exp.engine == "labkit" else f"{name}-{exp.engine}"
+
+
+def check_engine(exp: ExperimentConfig, methods: Sequence[str],
+                 shared: Mapping[str, Any] | None = None, wall_steps: int | None = None) -> None:
+    """Raise :class:`~labkit.experiments.trl_engine.EngineError` (one line) for an engine that
+    does not exist, or a method the TRL
+    engine cannot train as asked (:func:`labkit.experiments.trl_engine.refusal`): before
+    anything trains."""
+    if exp.engine not in trl_engine.ENGINES:
+        raise trl_engine.EngineError(f"engine {exp.engine!r} is not one of {', '.join(trl_engine.ENGINES)}")
+    if exp.processes < 1 or (exp.processes > 1 and exp.engine != "trl"):
+        raise trl_engine.EngineError(f"processes={exp.processes}: the labkit engine trains in one process; "
+                         "more need engine=trl")
+    if exp.engine != "trl":
+        return
+    for method in methods:
+        why = trl_engine.refusal(method_config(exp, method, exp.seeds[0], "-", shared, wall_steps or 1))
+        if why:
+            raise trl_engine.EngineError(f"engine=trl cannot train method {method!r}: {why}; drop it from "
+                             "methods or use engine=labkit")
 
 
 def method_config(exp: ExperimentConfig, method: str, seed: int, run_dir: str,
