@@ -38,7 +38,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from labkit import provenance
@@ -47,11 +46,10 @@ from labkit.env.task_sampling import run_tasks
 from labkit.experiments.paired import policy_at
 from labkit.integrations import TRL_LOSS_TYPES
 from labkit.loops.config import TrainConfig
-from labkit.policy.evaluate import EvalConfig, evaluate
+from labkit.loops.trainer import eval_row
 from labkit.policy.loading import load_policy
 from labkit.runs.events import RunFolder
 from labkit.sandbox.pool import Sandbox
-from labkit.seeding import derive_seed
 
 class EngineError(ValueError):
     """A run the engine cannot train as asked, or a TRL run that failed: one line (and the
@@ -89,20 +87,6 @@ def refusal(cfg: TrainConfig) -> str | None:
     return next((why for bad, why in reasons if bad), None)
 
 
-def _eval_row(policy, cfg: TrainConfig, tasks, sandbox, step: int) -> dict:
-    """The trainer's held-out evaluation (``Trainer._evaluate``'s settings) as an eval row."""
-    t0 = time.time()
-    ecfg = EvalConfig(k=cfg.eval_k, temperature=cfg.eval_temperature, greedy=False,
-                      max_new_tokens=cfg.sampling.max_new_tokens,
-                      seed=derive_seed(cfg.seed, "eval"),
-                      parallel_chunks=cfg.sampling.parallel_chunks)
-    rep = evaluate(policy, tasks, ecfg, sandbox=sandbox)
-    return {"step": step, "eval/pass_at_1": rep["pass_at_1"],
-            f"eval/pass_at_{cfg.eval_k}": rep[f"pass_at_{cfg.eval_k}"],
-            "eval/copy_rate": rep["copy_rate"], "eval/mean_tests": rep["mean_tests_passed"],
-            "eval/tasks": rep["tasks"], "time/eval": time.time() - t0}
-
-
 def launch_command(run_dir: str | Path, processes: int) -> list[str]:
     """The child that trains ``run_dir``'s config: this module's ``main`` in one process, or
     under ``accelerate launch`` on ``processes`` CPU or GPU processes."""
@@ -132,7 +116,7 @@ def train(cfg: TrainConfig, processes: int = 1) -> None:
     provenance.record_start(run.path)
     eval_tasks = run_tasks(cfg.tasks, cfg.seed, "eval")
     with Sandbox(cfg.sandbox) as sandbox:
-        run.append("eval.jsonl", _eval_row(load_policy(cfg.policy), cfg, eval_tasks, sandbox, 0))
+        run.append("eval.jsonl", eval_row(load_policy(cfg.policy), cfg, eval_tasks, sandbox, 0))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         if processes > 1:
@@ -144,7 +128,7 @@ def train(cfg: TrainConfig, processes: int = 1) -> None:
             tail = run.file("trl.log").read_text()[-2000:]
             raise EngineError(f"the TRL run in {run.path} failed (exit {child.returncode}); "
                                f"its log ends:\n{tail}")
-        run.append("eval.jsonl", _eval_row(policy_at(run.path), cfg, eval_tasks, sandbox,
+        run.append("eval.jsonl", eval_row(policy_at(run.path), cfg, eval_tasks, sandbox,
                                            cfg.steps))
 
 

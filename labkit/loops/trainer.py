@@ -59,6 +59,24 @@ from labkit.seeding import derive_seed, seed_everything
 # ============================================================================= trainer
 
 
+
+def eval_row(policy, cfg: TrainConfig, tasks, sandbox, step: int) -> dict:
+    """A run's held-out evaluation at ``step``, as ``eval.jsonl`` holds it: pass@1 and
+    pass@``eval_k`` of ``cfg.eval_k`` samples per task at ``cfg.eval_temperature``, with the
+    run's own evaluation sampling seed (the same at every step), the copy rate, the mean tests
+    passed and the seconds it took. The trainer's periodic evaluation, and the TRL engine's at
+    a run's start and end (:mod:`labkit.experiments.trl_engine`)."""
+    t0 = time.time()
+    ecfg = EvalConfig(k=cfg.eval_k, temperature=cfg.eval_temperature, greedy=False,
+                      max_new_tokens=cfg.sampling.max_new_tokens, seed=derive_seed(cfg.seed, "eval"),
+                      parallel_chunks=cfg.sampling.parallel_chunks)
+    rep = evaluate(policy, tasks, ecfg, sandbox=sandbox)
+    return {"step": step, "eval/pass_at_1": rep["pass_at_1"],
+            f"eval/pass_at_{cfg.eval_k}": rep[f"pass_at_{cfg.eval_k}"],
+            "eval/copy_rate": rep["copy_rate"], "eval/mean_tests": rep["mean_tests_passed"],
+            "eval/tasks": rep["tasks"], "time/eval": time.time() - t0}
+
+
 class Trainer(Checkpointing):
     """Holds the policy, optimiser and running state; :meth:`train` runs the loop
     (checkpoints: :class:`labkit.loops.checkpoints.Checkpointing`)."""
@@ -420,16 +438,7 @@ class Trainer(Checkpointing):
     def _evaluate(self) -> dict | None:
         if not self.eval_tasks or not self.is_main:
             return None
-        t0 = time.time()
-        ecfg = EvalConfig(k=self.cfg.eval_k, temperature=self.cfg.eval_temperature, greedy=False,
-                          max_new_tokens=self.cfg.sampling.max_new_tokens,
-                          seed=derive_seed(self.cfg.seed, "eval"),
-                          parallel_chunks=self.cfg.sampling.parallel_chunks)
-        rep = evaluate(self.policy, self.eval_tasks, ecfg, sandbox=self.sandbox)
-        row = {"step": self.step, "eval/pass_at_1": rep["pass_at_1"],
-               f"eval/pass_at_{self.cfg.eval_k}": rep[f"pass_at_{self.cfg.eval_k}"],
-               "eval/copy_rate": rep["copy_rate"], "eval/mean_tests": rep["mean_tests_passed"],
-               "eval/tasks": rep["tasks"], "time/eval": time.time() - t0}
+        row = eval_row(self.policy, self.cfg, self.eval_tasks, self.sandbox, self.step)
         self.run.append("eval.jsonl", row)
         self.events.emit("on_eval", trainer=self, step=self.step, metrics=row)
         return row
