@@ -45,7 +45,8 @@ class CodeDriftError(RuntimeError):
 
 def _git(*args: str, root: Path = ROOT) -> str | None:
     try:
-        p = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30)
+        p = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30,
+                           start_new_session=True)  # a Ctrl-C meant for the trainer spares it
     except (OSError, subprocess.SubprocessError):
         return None
     return p.stdout.decode("utf-8", "replace") if p.returncode == 0 else None

@@ -493,7 +493,10 @@ def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> li
             cmd = ["ruff", "check", "--no-cache", "--isolated", "--output-format", "json",
                    "--select", ",".join(cfg.style_rules),
                    "--config", f"lint.mccabe.max-complexity={cfg.style_max_complexity}", tmp]
-            proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120)
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
+            # asks the trainer to finish the step under way, so it must not kill this child.
+            proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120,
+                                  start_new_session=True)
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"ruff failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
             for item in json.loads(proc.stdout or "[]"):
