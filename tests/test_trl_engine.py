@@ -60,7 +60,7 @@ def test_a_method_the_engine_cannot_train_is_refused_before_anything_runs(tmp_pa
 @pytest.mark.slow
 def test_learning_smoke_with_trl_on_two_processes_writes_its_page(tmp_path):
     module = load("learning")
-    exp = dataclasses.replace(smoke_config(module), engine="trl", processes=2,
+    exp = dataclasses.replace(smoke_config(module), engine="trl", processes=2, seeds=(0,),
                               out=str(tmp_path / "out"), run_root=str(tmp_path / "runs"))
     page = module.run(exp)
     results = json.loads(page.with_suffix(".json").read_text())
