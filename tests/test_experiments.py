@@ -264,8 +264,8 @@ def test_experiment_learning_smoke_end_to_end(tmp_path):
     sha = weights_fingerprint("tiny")
     assert res["setting"]["model_sha256"] == sha  # which model the numbers belong to
     exp = from_dict(learning.Config, res["config"])
-    assert res["command"] == command("learning", exp) == (
-        f"python -m labkit experiment learning --smoke --set out={tmp_path} --set run_root={tmp_path / 'runs'}")
+    assert res["command"] == command("learning", exp) == (  # where runs are kept is no setting
+        f"python -m labkit experiment learning --smoke --set out={tmp_path}")
     assert smoke_config(learning).steps == res["setting"]["steps"] == learning.SMOKE["steps"]
     grpo = res["methods"]["grpo"]
     assert grpo["train_config"]["loss"]["kl_coef"] == 0.01 and grpo["train_config"]["optim"]["grad_clip"] == 1.0

@@ -216,9 +216,10 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
     })
 
 
-NOT_IN_COMMAND = ("reuse_recorded", "allow_code_drift", "smoke")
+NOT_IN_COMMAND = ("reuse_recorded", "allow_code_drift", "smoke", "run_root")
 """Fields the rerun command leaves out: it rebuilds every row from nothing (a record the rows
-were taken from is named as their source, never as the command), and ``smoke`` is ``--smoke``."""
+were taken from is named as their source, never as the command; where the runs were kept,
+``run_root``, is a path of the machine that trained them), and ``smoke`` is ``--smoke``."""
 
 
 def command(name: str, exp) -> str:
