@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from labkit.experiments import learning
+
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ["seeds=[0,1]", "steps=3", "tasks_per_step=1", "group_size=2", "eval_every=3", "eval_tasks=2",
         "eval_k=1", "train_problems=6", "paired_tasks=3", "paired_k=2", "paired_pass_k=2",
-        "train_split=train", "paired_per_template=0",
-        # the screened evaluation as --smoke has it (its default size is most of the run's time)
-        "screen_tasks=3", "screen_pool=12", "screen_k=2", "screen_range=[0.0,1.0]", "screen_eval_k=2",
-        "screen_per_template=0"]
+        "train_split=train", "paired_per_template=0"]
+# the screened evaluation as --smoke has it (its default size is most of the run's time)
+SETS += [f"{k}={list(v) if isinstance(v, tuple) else v}".replace(" ", "")
+         for k, v in learning.SMOKE.items() if k.startswith("screen")]
 TIMES = {"wall_s", "s_per_step", "code_commit", "run_dir", "command", "time"}
 
 
