@@ -102,19 +102,19 @@ jupyter: $(STAMP)
 
 # An experiment for the record: run from a git worktree at the current commit (refused when the
 # code has uncommitted changes), so the code under the runs never changes while they train; its
-# runs go to runs/experiments/<commit>/ (run the same command again to resume; credit keeps no
-# runs) and its page is
-# copied into docs/results. `make record-experiment NAME=didpo ARGS="--set seeds=[0,1,2,3]"`.
+# runs go to runs/experiments/<commit>/ (the worktree's runs/ is this checkout's, so pages name
+# run folders as here; run the same command again to resume; credit keeps no runs) and the
+# pages it writes are copied into docs/results. `make record-experiment NAME=didpo ARGS="--set seeds=[0,1,2,3]"`.
 record-experiment: libseccomp $(STAMP)
 	@test -n "$(NAME)" || { echo "give the experiment: make record-experiment NAME=learning"; exit 2; }
 	@test -z "$$(git status --porcelain -- labkit data pyproject.toml constraints.txt)" || \
 		{ echo "commit the code first: an experiment for the record runs at one clean commit"; exit 2; }
 	c=$$(git rev-parse --short=12 HEAD); wt=runs/worktrees/$$c; \
 	[ -d $$wt ] || git worktree add --detach $$wt HEAD; \
-	ln -sfn $(CURDIR)/$(VENV) $$wt/$(VENV); \
-	cd $$wt && PYTHONPATH=$$PWD $(CURDIR)/$(PY) -m labkit experiment $(NAME) --set out=docs/results \
-		$(if $(filter credit,$(NAME)),,--set run_root=$(CURDIR)/runs/experiments/$$c) $(ARGS) && \
-	cp docs/results/$(NAME).* $(CURDIR)/docs/results/
+	ln -sfn $(CURDIR)/$(VENV) $$wt/$(VENV); ln -sfn $(CURDIR)/runs $$wt/runs; \
+	cd $$wt && touch .started && PYTHONPATH=$$PWD $(CURDIR)/$(PY) -m labkit experiment $(NAME) --set out=docs/results \
+		$(if $(filter credit,$(NAME)),,--set run_root=runs/experiments/$$c) $(ARGS) && \
+	find docs/results -maxdepth 1 -type f -newer .started -exec cp {} $(CURDIR)/docs/results/ \;
 
 bench: libseccomp $(STAMP)
 	$(PY) -m labkit.bench sandbox

@@ -338,6 +338,39 @@ def test_experiment_reshaping_trains_the_sparse_mix_with_its_controls(tmp_path):
     assert "full-amplify - reshaped_full" in page and "Taken from an earlier record" in page
 
 
+def test_reshaping_regimes_write_their_own_page_with_the_binary_control_runs():
+    """Under ``public`` or ``noisy`` feedback the claim's two methods are told the weak signal,
+    while the positive control's pair trains exactly the binary page's runs (so they are found
+    again there, not trained twice), on a page of its own."""
+    from labkit.config import apply_values
+    from labkit.docs import findings
+    from labkit.experiments.runs import method_config
+
+    reshaping = load("reshaping")
+    binary = reshaping.Config()
+    public = apply_values(reshaping.Config(), {"feedback": "noisy"})
+    assert reshaping.page_of(binary) == "reshaping" and reshaping.page_of(public) == "reshaping-noisy"
+    assert "raw_grpo_binary" not in reshaping.methods_of(binary)
+    assert reshaping.methods_of(public) == ("raw_grpo", "reshaped_full", "raw_grpo_binary", "raw_grpo_flip30")
+    shared = {"tasks.templates": tuple(binary.templates)}
+
+    def cfg(exp, method):
+        return to_record(method_config(exp, method, 0, "-", shared))
+
+    assert cfg(public, "raw_grpo")["feedback"]["mode"] == "noisy"
+    for ours, theirs in (("raw_grpo_binary", "raw_grpo"), ("raw_grpo_flip30", "raw_grpo_flip30")):
+        assert cfg(public, ours) == cfg(binary, theirs)  # the binary page's very runs
+        assert f"reshaping/{theirs}" == reshaping.aliases_of(public)[ours][0]
+    assert reshaping.aliases_of(public)["raw_grpo_binary"][1] == "reshaping-public/raw_grpo_binary"
+    claim, control = reshaping.primary("noisy")
+    assert (claim.variant, claim.base, claim.label) == ("reshaped_full", "raw_grpo", "full recipe - raw GRPO, noisy feedback")
+    assert (control.variant, control.base, control.direction) == ("raw_grpo_binary", "raw_grpo_flip30", +1)
+    assert [c.variant for c in reshaping.primary("binary")] == ["reshaped_full", "raw_grpo"]
+    assert set(findings.PLAIN) >= {f"reshaping-{r}" for r in reshaping.REGIMES if r != "binary"}
+    with pytest.raises(ValueError, match="not 'dense'; pick one of them"):
+        apply_values(reshaping.Config(), {"feedback": "dense"}).validate()
+
+
 def test_recorded_methods_pair_only_with_the_same_start():
     """A method taken from a record pairs with new ones only if the start policy, evaluated
     again, reads as in the record; otherwise the paired evaluation stops and says why."""

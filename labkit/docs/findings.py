@@ -118,6 +118,16 @@ PLAIN: dict[str, dict[str, str]] = {
         "refuted at this scale": "Reshaping the reward does not give the blog's large gain here.",
         "undecided": "Not yet known whether reshaping the reward helps here.",
     },
+    "reshaping-public": {
+        "supported": "Reshaping the reward helps GRPO learn from the visible examples alone.",
+        "refuted at this scale": "Reshaping the reward does not give the blog's large gain from visible examples here.",
+        "undecided": "Not yet known whether reshaping helps GRPO learn from the visible examples alone.",
+    },
+    "reshaping-noisy": {
+        "supported": "Reshaping the reward helps GRPO learn from noisy test results.",
+        "refuted at this scale": "Reshaping the reward does not give the blog's large gain from noisy test results here.",
+        "undecided": "Not yet known whether reshaping helps GRPO learn from noisy test results.",
+    },
     "didpo": {
         "supported": "Credit per code change (DiDPO) beats plain GRPO on two-bug repairs.",
         "refuted at this scale": "Credit per code change (DiDPO) does not beat GRPO by the paper's margin here.",
@@ -134,7 +144,8 @@ PLAIN: dict[str, dict[str, str]] = {
         "undecided": "Not yet known whether muCODE's training helps at this scale.",
     },
 }
-"""A newcomer's sentence per experiment and verdict (the glossary explains the terms)."""
+"""A newcomer's sentence per page (an experiment's name where it writes one page) and verdict
+(the glossary explains the terms)."""
 
 CONTROL_FAILED = " (Its control failed.)"
 CONTROL_NOT_RUN = " (Its control was not run.)"
@@ -146,7 +157,7 @@ def plain(r: Mapping) -> str:
     claim = claims.claim_of(r.get("primary"))
     if not claim:
         return "This record predates the lab's claims; it decides nothing yet."
-    said = PLAIN[r["experiment"]][claim["verdict"]]
+    said = PLAIN.get(r.get("page") or r["experiment"], PLAIN[r["experiment"]])[claim["verdict"]]
     sees = (r.get("primary") or {}).get("testbed_sees")
     if sees is None and claims.controls_of(r.get("primary"), "positive"):
         return said + CONTROL_NOT_RUN

@@ -142,6 +142,8 @@ FLIP_P = 0.3
 """How often ``raw_grpo_flip30``'s pass/fail label is wrong."""
 
 METHODS.add("raw_grpo", Method("raw GRPO", RAW))
+METHODS.add("raw_grpo_binary", Method("raw GRPO, pass/fail of the hidden tests",
+                                      {**RAW, "feedback.mode": "binary"}))
 METHODS.add("raw_grpo_dense", Method("raw GRPO, dense feedback", {**RAW, "feedback.mode": "dense"}))
 METHODS.add("raw_grpo_flip30", Method("raw GRPO, 30% of labels flipped",
                                       {**RAW, "feedback.mode": "flipped", "feedback.noise_p": FLIP_P}))

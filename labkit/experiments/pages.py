@@ -38,7 +38,7 @@ def write_page(results: dict, out: str | Path, render: Callable[[dict], str],
     and for results whose rows do not all come from one clean commit (``provenance``), unless
     the experiment let other code in on purpose (``allow_code_drift``, which the page says)."""
     out = Path(out)
-    name = results["experiment"]
+    name = page_name(results)
     check_publishable(results, out)
     out.mkdir(parents=True, exist_ok=True)
     results.setdefault("code_commit", code_commit())
@@ -50,6 +50,12 @@ def write_page(results: dict, out: str | Path, render: Callable[[dict], str],
     if figure is not None:
         figure(data, out)
     return md
+
+
+def page_name(results: Mapping) -> str:
+    """The file name (no suffix) of an experiment's page: ``results["page"]`` where one
+    experiment writes several pages (``reshaping-public``), else the experiment's name."""
+    return results.get("page") or results["experiment"].replace("/", "_")
 
 
 def restat(json_path: str | Path) -> Path:
@@ -433,7 +439,7 @@ def curves_figure(results: Mapping, out: Path, name: str | None = None):
     import plotly.graph_objects as go
     from plotly.colors import qualitative
 
-    name = name or results["experiment"].replace("/", "_")
+    name = name or page_name(results)
     fig = go.Figure()
     colours = qualitative.D3
     for i, (m, r) in enumerate(results["methods"].items()):

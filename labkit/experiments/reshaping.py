@@ -15,6 +15,15 @@ templates the starting policy rarely repairs (``templates``; most groups start a
   never bind under GRPO and are left out;
 * ``full-<component>``: ``reshaped_full`` with one component switched off (leave one out).
 
+**The weak regimes.** ``feedback`` picks what the claim's two methods are told: ``binary``
+(the default, page ``reshaping``), ``public`` (the fraction of the visible examples passed,
+page ``reshaping-public``) or ``noisy`` (the fraction of hidden tests after flipping each
+outcome with probability 0.1, page ``reshaping-noisy``). Under a regime other than binary the
+page also trains ``raw_grpo_binary`` (raw GRPO told the hidden tests' pass/fail) and
+``raw_grpo_flip30``, which are the binary page's ``raw_grpo`` and ``raw_grpo_flip30`` runs
+(reused where they were trained at the same commit), so each page carries the positive control
+in its own harness and says what the weak regime costs against pass/fail of the hidden tests.
+
 **Positive control**: ``raw_grpo`` against ``raw_grpo_flip30``, raw GRPO told the same
 pass/fail label but wrong 30% of the time (``flipped`` feedback): the clean label is a
 known-better variant of the very same reward, so the harness must see it beat the flipped one
@@ -48,7 +57,8 @@ class Config(ExperimentConfig):
     """The shared budget on the sparse mix, and which methods run."""
 
     feedback: str = "binary"
-    """The weak regime every method but the positive control trains under."""
+    """The weak regime the claim's methods train under: ``binary``, ``public`` or ``noisy``
+    (:data:`REGIMES`); each writes its own page (:func:`page_of`)."""
     train_split: str = "val"
     """Trained on the ``val`` templates (never in the shipped model's SFT data)."""
     n_bugs: int = 2
@@ -60,11 +70,13 @@ class Config(ExperimentConfig):
     than training's; ``docs/results/sparse_mix.json``)."""
     train_problems: int = 3000
     """Problems generated of ``train_split`` before keeping ``templates``."""
-    methods: tuple[str, ...] = ("raw_grpo", "reshaped_full", "raw_grpo_flip30", "raw_grpo_dense")
-    """Methods (:data:`labkit.experiments.methods.METHODS`), every one on every seed: the
-    claim's two, the positive control's flipped labels, and the dense signal (exploratory).
-    The leave-one-out rows ``full-<component>`` and the composite alone (``reshaped_grpo``)
-    are there to add."""
+    methods: tuple[str, ...] | None = None
+    """Methods (:data:`labkit.experiments.methods.METHODS`), every one on every seed; ``None``:
+    the regime's default (:data:`DEFAULT_METHODS`): under ``binary`` the claim's two, the
+    positive control's flipped labels and the dense signal (exploratory); under another regime
+    the claim's two and the positive control's pair, ``raw_grpo_binary`` and
+    ``raw_grpo_flip30``. The leave-one-out rows ``full-<component>`` and the composite alone
+    (``reshaped_grpo``) are there to add."""
     steps: int = 40
     """Policy updates per run."""
     eval_tasks: int = 64
@@ -73,21 +85,71 @@ class Config(ExperimentConfig):
     """At most 16 held-out two-bug tasks of any one template."""
 
     def validate(self) -> None:
-        check_methods(self.methods)
+        if self.feedback not in REGIMES:
+            raise ValueError(f"feedback: the reshaping claim is read under {', '.join(REGIMES)}, "
+                             f"not {self.feedback!r}; pick one of them")
+        check_methods(methods_of(self))
+
+
+REGIMES = {
+    "binary": "pass/fail of the hidden tests",
+    "public": "the fraction of the visible examples passed (incomplete tests)",
+    "noisy": "the fraction of hidden tests passed, each outcome flipped with probability 0.1",
+}
+"""The weak feedback regimes the claim is read under, and what each tells the learner."""
+
+DEFAULT_METHODS = {
+    "binary": ("raw_grpo", "reshaped_full", "raw_grpo_flip30", "raw_grpo_dense"),
+    "other": ("raw_grpo", "reshaped_full", "raw_grpo_binary", "raw_grpo_flip30"),
+}
+"""The methods a page trains when ``methods`` is not given, by regime (``other``: not binary)."""
+
+
+def page_of(exp: Config) -> str:
+    """The page (and run folder) of a regime: ``reshaping`` under ``binary``, else
+    ``reshaping-<regime>``."""
+    return "reshaping" if exp.feedback == "binary" else f"reshaping-{exp.feedback}"
+
+
+def methods_of(exp: Config) -> tuple[str, ...]:
+    """The methods ``exp`` trains: its ``methods``, or its regime's default."""
+    if exp.methods is not None:
+        return tuple(exp.methods)
+    return DEFAULT_METHODS["binary" if exp.feedback == "binary" else "other"]
+
+
+def aliases_of(exp: Config) -> dict[str, tuple[str, ...]]:
+    """Where a regime page's control runs may already be: ``raw_grpo_binary`` is the binary
+    page's ``raw_grpo``, and both control methods are the same runs on every other regime's
+    page (identical configs, so a run found there at this commit is reused)."""
+    if exp.feedback == "binary":
+        return {}
+    others = [f"reshaping-{r}" for r in REGIMES if r not in ("binary", exp.feedback)]
+    return {"raw_grpo_binary": ("reshaping/raw_grpo", *(f"{o}/raw_grpo_binary" for o in others)),
+            "raw_grpo_flip30": ("reshaping/raw_grpo_flip30", *(f"{o}/raw_grpo_flip30" for o in others))}
 
 
 BLOG_RELATIVE_GAIN = 0.35
 """The seed blog's claim: reshaped GRPO +35% relative over raw-reward GRPO."""
 
-PRIMARY = (
-    Contrast("full recipe - raw GRPO", "claim", "reshaped_full", "raw_grpo", +1,
-             relative=BLOG_RELATIVE_GAIN,
-             source="the seed blog on signal reshaping for GRPO under weak feedback: +35% over "
-                    "raw-reward GRPO (relative; here on raw GRPO's end pass@1)"),
-    Contrast("clean - 30%-flipped pass/fail labels, raw GRPO", "positive", "raw_grpo",
-             "raw_grpo_flip30", +1),
-)
-"""The claim and its signed positive control, named before the run."""
+def primary(feedback: str = "binary") -> tuple[Contrast, ...]:
+    """The claim and its signed positive control under a regime, named before the run. The
+    control is the same under every regime: raw GRPO told clean pass/fail labels of the hidden
+    tests against the same labels 30% flipped (``raw_grpo`` itself under ``binary``,
+    ``raw_grpo_binary`` under another regime)."""
+    regime = "" if feedback == "binary" else f", {feedback} feedback"
+    return (
+        Contrast(f"full recipe - raw GRPO{regime}", "claim", "reshaped_full", "raw_grpo", +1,
+                 relative=BLOG_RELATIVE_GAIN,
+                 source="the seed blog on signal reshaping for GRPO under weak feedback: +35% over "
+                        "raw-reward GRPO (relative; here on raw GRPO's end pass@1)"),
+        Contrast("clean - 30%-flipped pass/fail labels, raw GRPO", "positive",
+                 "raw_grpo" if feedback == "binary" else "raw_grpo_binary", "raw_grpo_flip30", +1),
+    )
+
+
+PRIMARY = primary()
+"""The binary page's claim and control."""
 
 SMOKE = {"seeds": (0, 1), "steps": 1, "tasks_per_step": 1, "group_size": 2, "eval_every": 1,
          "eval_tasks": 2, "eval_k": 1, "train_problems": 60, "paired_tasks": 4, "paired_k": 1,
@@ -97,26 +159,31 @@ SMOKE = {"seeds": (0, 1), "steps": 1, "tasks_per_step": 1, "group_size": 2, "eva
 
 def restat(results: dict) -> dict:
     """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
-    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
+    c = results["config"]
+    return claims.restat_methods(results, primary(c.get("feedback", "binary")),
+                                 claims.primary_key(c["train_split"]))
 
 
 def run(exp: Config) -> Path:
-    exp.validate()  # unknown methods fail before training
-    results = run_methods("reshaping", exp.methods, exp,
-                          shared={"tasks.templates": tuple(exp.templates)})
+    exp.validate()  # unknown methods and regimes fail before training
+    page = page_of(exp)
+    results = run_methods(page, methods_of(exp), exp, shared={"tasks.templates": tuple(exp.templates)},
+                          aliases=aliases_of(exp))
+    results["experiment"], results["page"] = "reshaping", page
     results["command"] = command("reshaping", exp)
     training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp.train_split))
+        results["primary"] = claims.read(results, primary(exp.feedback), claims.primary_key(exp.train_split))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 
 def _pairs(results: dict) -> list[tuple[str, str]]:
     """The method-against-method rows (the primary ones among them are read above)."""
     names = list(results["methods"])
-    out = [("raw_grpo", m) for m in names if m not in ("raw_grpo", "raw_grpo_flip30")]
+    out = [("raw_grpo", m) for m in names if m not in ("raw_grpo", "raw_grpo_flip30", "raw_grpo_binary")]
     out += [("raw_grpo_flip30", "raw_grpo")] if "raw_grpo_flip30" in names else []
+    out += [("raw_grpo_binary", "raw_grpo")] if "raw_grpo_binary" in names else []
     out += [("reshaped_full", m) for m in variants_of("reshaped_full", names)]
     return out
 
@@ -124,16 +191,23 @@ def _pairs(results: dict) -> list[tuple[str, str]]:
 def render(results: dict) -> str:
     """The page of a reshaping results JSON."""
     c, s = results["config"], results["setting"]
+    regime = c.get("feedback", "binary")
+    told = {"raw_grpo_binary": "pass/fail of the hidden tests",
+            "raw_grpo_flip30": f"that label, wrong with probability {FLIP_P}",
+            "raw_grpo_dense": "the fraction of hidden tests"}
+    others = [f"`{m}` ({t})" for m, t in told.items() if m in results["methods"]]
     what = (f"Every method: `{s['model']}`, {s['steps']} steps of {s['batch']} at T = "
-            f"{c['temperature']}, {pages.optim_text(results, 'raw_grpo')}; `{c['feedback']}` feedback "
-            f"(pass/fail only) except `raw_grpo_flip30` (the same label, wrong with probability "
-            f"{FLIP_P}) and `raw_grpo_dense` (the fraction of hidden tests); trained on "
+            f"{c['temperature']}, {pages.optim_text(results, 'raw_grpo')}; `{regime}` feedback "
+            f"({REGIMES.get(regime, regime)})"
+            + (f" except {', '.join(others[:-1])}{' and ' if len(others) > 1 else ''}{others[-1]}"
+               if others else "") + "; trained on "
             f"{c['n_bugs']}-bug tasks of the `{s['train_split']}` templates "
             f"{', '.join(f'`{t}`' for t in c['templates'])} (the sparse mix), held out: "
             f"`{s['split']}`, always graded on the hidden tests. `reshaped_full`: the composite "
             "reward, piecewise amplification, a focus threshold and the curriculum; `full-<x>`: "
             "without x.")
-    lines = pages.header(results, TITLE, what) + pages.primary_lines(results)
+    title = TITLE if regime == "binary" else f"{TITLE}: the `{regime}` regime"
+    lines = pages.header(results, title, what) + pages.primary_lines(results)
     pairs = _pairs(results)
     holm = pages.family(results, pairs)
     lines += ["## Paired change (exploratory)", ""]
@@ -148,7 +222,7 @@ def render(results: dict) -> str:
     for m, r in results["methods"].items():
         lines.append(f"| {m} | {_num(r.get('zero_std_frac'))} | {_num(r.get('abs_adv_per_token'))} | "
                      f"{_num(r.get('grad_norm'))} |")
-    lines += [""] + pages.periodic_lines(results) + pages.figure_line("reshaping")
+    lines += [""] + pages.periodic_lines(results) + pages.figure_line(pages.page_name(results))
     return "\n".join(lines)
 
 

@@ -34,16 +34,17 @@ from labkit.provenance import CodeDriftError, record_weights  # noqa: F401 (re-e
 
 def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
                 shared: Mapping[str, Any] | None = None, wall_steps: int | None = None,
-                aliases: dict[str, str] | None = None) -> dict:
+                aliases: Mapping[str, str | Sequence[str]] | None = None) -> dict:
     """Train every method (names of :data:`labkit.experiments.methods.METHODS`) with every
     seed; collect eval curves and timings. Each run's config is the experiment's base config
     (:func:`base_train_config`), then ``shared`` (what the experiment sets for every method, by
     dotted path), then the method's own overrides (:meth:`Method.configure`; ``wall_steps``
     for a method at another's wall time).
 
-    ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``) that
-    trains the identical configuration: a finished run of it is reused instead of trained
-    again (the config, run folder aside, must match exactly)."""
+    ``aliases`` maps a method to another experiment's method (``"reshaping/raw_grpo"``), or
+    several in order, that trains the identical configuration: a finished run of the first
+    found is reused instead of trained again (the config, run folder aside, must match
+    exactly)."""
     check_methods(methods)
     check_engine(exp, methods, shared, wall_steps)
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
@@ -59,13 +60,13 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
             run_dir = f"{exp.run_root}/{engine_folder(name, exp)}/{method}/seed{seed}"
             cfg = method_config(exp, method, seed, run_dir, shared, wall_steps)
             built.setdefault(method, train_config_record(cfg))
-            alias = f"{exp.run_root}/{aliases[method]}/seed{seed}" if aliases and method in aliases else None
+            others = (aliases or {}).get(method, ())
+            others = (others,) if isinstance(others, str) else others
             done = None
             if exp.reuse_finished:
-                if finished_run(run_dir, cfg, weights=weights):
-                    done = run_dir
-                elif alias and finished_run(alias, cfg, prefix=True, weights=weights):
-                    done = alias
+                candidates = [(run_dir, False)] + [(f"{exp.run_root}/{a}/seed{seed}", True) for a in others]
+                done = next((d for d, prefix in candidates
+                             if finished_run(d, cfg, prefix=prefix, weights=weights)), None)
             if done:
                 provenance.refuse_drift(done, "reuse", exp.allow_code_drift, now)
             if not done and method in recorded:
@@ -202,7 +203,7 @@ def recorded_methods(exp: ExperimentConfig, name: str, weights: str,
     skip = NOT_TRAINING | set(exp.METHOD_FIELDS)
     differ = sorted(k for k in ours if k not in skip
                     and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
-    if rec.get("experiment") != name or differ:
+    if rec.get("page", rec.get("experiment")) != name or differ:
         raise ReuseError(f"reuse_recorded: {path} is not a {name!r} run of this config "
                          f"(differs in {', '.join(differ) or 'experiment'}); drop the option or "
                          "set the fields as recorded")
