@@ -26,13 +26,14 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from labkit.docs.figcheck import PLOTLY_MIME
-from labkit.machine import append_record, cpu_seconds
+from labkit.machine import append_record, cpu_seconds, thread_budget
 from labkit.docs.report import front_page
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -126,15 +127,23 @@ def notebooks(only: Sequence[str] | None = None, directory: Path = NOTEBOOK_DIR)
 
 
 def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Mapping | None = None,
-                 log_output: bool = False) -> dict:
+                 log_output: bool = False, threads: int | None = None) -> dict:
     """Execute one notebook with papermill into ``out_dir``; returns its status row.
+
+    ``threads``: the notebook's ``threads`` parameter (torch threads) unless ``parameters``
+    sets it; by default ``OMP_NUM_THREADS`` where the environment sets it (a test worker per
+    core sets 1), else the notebook's own.
 
     Widget state is not stored in the executed notebook (a live dashboard's state runs to
     tens of megabytes); open the notebook in JupyterLab to use the widgets."""
     import papermill as pm
 
     quiet_kernels()
+    if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = thread_budget(int(os.environ["OMP_NUM_THREADS"]))
     params = {"smoke": bool(smoke), "out_dir": str(out_dir.resolve()), **(parameters or {})}
+    if "threads" not in params and threads is not None:
+        params["threads"] = threads
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     cpu0 = cpu_seconds()
@@ -166,7 +175,8 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
     to that file (``docs/benchmarks/lab.jsonl``: the README's minutes come from it).
     ``jobs``: notebooks executed at once (each in its own kernel; they share nothing but the
     task cache). With more than one, a notebook's CPU seconds cannot be told apart (``None``;
-    the summary keeps the total) and its wall time is not its own, so nothing is recorded."""
+    the summary keeps the total) and its wall time is not its own, so nothing is recorded;
+    each notebook's torch then gets its share of the cores (``threads``: cores // jobs)."""
     if jobs < 1:
         raise LabError(f"jobs must be >= 1, got {jobs}")
     if jobs > 1 and record_to:
@@ -182,7 +192,8 @@ def run_lab(out: str | Path | None = None, smoke: bool = False, only: Sequence[s
     def one(p: Path) -> dict:
         if jobs == 1:  # one at a time: the name now, the outcome on the same line
             print(f"  {p.stem} ...", end="", flush=True)
-        row = run_notebook(p, out, smoke=smoke, log_output=log_output)
+        row = run_notebook(p, out, smoke=smoke, log_output=log_output,
+                           threads=None if jobs == 1 else thread_budget(max(1, (os.cpu_count() or 1) // jobs)))
         if jobs > 1:  # this process's CPU time is every running notebook's, not this one's
             row["cpu_seconds"] = None
         name = "" if jobs == 1 else f"  {p.stem}"

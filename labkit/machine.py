@@ -24,6 +24,16 @@ def facts() -> dict:
             "torch": torch.__version__, "cpu": platform.processor() or platform.machine()}
 
 
+def thread_budget(requested: int) -> int:
+    """The torch threads to use for ``requested``: at most ``OMP_NUM_THREADS`` where the
+    environment sets it. A process that shares the cores with others (a test worker per core,
+    two notebooks at once) is given one thread that way; more threads than its share of the
+    cores make OpenMP's workers spin against each other (a smoke run of notebook 05 beside one
+    busy process: 31 s at one thread, 107 s at two)."""
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(requested, int(cap))) if cap.isdigit() and int(cap) > 0 else max(1, requested)
+
+
 def cpu_seconds(own: bool = False) -> float:
     """User + system CPU seconds of the children that have exited (notebook kernels, sandbox
     workers, browsers, torchrun), plus this process's own with ``own``; the difference of two

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from labkit.config import to_record
+from labkit.machine import thread_budget
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.sandbox.records import Candidate
 from labkit.sandbox.pool import Sandbox
@@ -102,7 +103,8 @@ class Config:
     policy: str = "tiny"
     """The policy that samples and forks (its EMA baseline equals it)."""
     threads: int = 2
-    """``torch.set_num_threads``."""
+    """torch threads (at most ``OMP_NUM_THREADS`` where the environment sets it:
+    :func:`labkit.machine.thread_budget`)."""
     out: str = DEFAULT_OUT
     """Folder of ``credit.md``, ``.json``, ``.html``, ``.png``; publishing is explicit:
     ``out=docs/results``."""
@@ -340,7 +342,7 @@ def _pool(cfg: Config) -> list[tuple[str, object]]:
 
 def run(cfg: Config) -> Path:
     t_start = time.time()
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(thread_budget(cfg.threads))
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg.policy)
     pool = _pool(cfg)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labkit.config import to_record
+from labkit.machine import thread_budget
 from labkit.env.overlap import ReferencePool
 from labkit.sandbox.pool import Sandbox
 from labkit.env.tasks import load_tasks, synthetic_problems
@@ -222,7 +223,8 @@ class Config:
     batch_size: int = 128
     """Sequences per decode call."""
     threads: int = 2
-    """torch threads."""
+    """torch threads (at most ``OMP_NUM_THREADS`` where the environment sets it:
+    :func:`labkit.machine.thread_budget`)."""
     policy: str = "tiny"
     """Starting generator (``tiny`` or a local Hugging Face folder), loaded without a KL
     reference; also the backbone of both verifiers."""
@@ -521,7 +523,7 @@ def run(cfg: Config) -> Path:
     if not cfg.seeds:
         raise ValueError("experiment mucode needs at least one seed (--set seeds=[0,1,2])")
     check_methods(cfg.generators, loop="mucode", field_name="generators")
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(thread_budget(cfg.threads))
     train = load_tasks("synthetic", cfg.train_split, n=cfg.train_problems, seed=cfg.task_seed)
     syn_eval = load_tasks("synthetic", "test", n=cfg.eval_tasks, seed=cfg.task_seed)[: cfg.eval_tasks]
     pool = ReferencePool(synthetic_problems(cfg.train_split, cfg.train_problems,
