@@ -63,8 +63,10 @@ def test_learning_smoke_with_trl_on_two_processes_writes_its_page(tmp_path):
     exp = dataclasses.replace(smoke_config(module), engine="trl", processes=2, seeds=(0,),
                               out=str(tmp_path / "out"), run_root=str(tmp_path / "runs"))
     page = module.run(exp)
+    assert page.name == "learning-trl.md"  # beside the labkit engine's page, never over it
     results = json.loads(page.with_suffix(".json").read_text())
     assert results["config"]["engine"] == "trl" and "engine=trl" in results["command"]
+    assert "learning-trl.html" in page.read_text()
     assert "paired_change" in results["methods"]["grpo"]
     for seed in exp.seeds:
         run = tmp_path / "runs" / "learning-trl" / "grpo" / f"seed{seed}"

@@ -201,7 +201,7 @@ def render(results: dict) -> str:
         lines.append(f"| {m} | {f'{cost:.2f}' if cost else 'n/a'} | {ratio} | "
                      f"{_num(r.get('abs_adv_per_token'))} | {_num(r.get('grad_norm'))} | "
                      f"{_num(r.get('zero_std_frac'))} |")
-    lines += [""] + pages.periodic_lines(results) + pages.figure_line("didpo")
+    lines += [""] + pages.periodic_lines(results) + pages.figure_line(pages.page_name(results))
     return "\n".join(lines)
 
 

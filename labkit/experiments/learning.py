@@ -84,5 +84,5 @@ def render(results: dict) -> str:
     lines += ["## Paired change (exploratory)", ""]
     for key in pages.PAIRED_KEYS:
         lines += pages.paired_lines(results, key, holm=holm)
-    lines += pages.periodic_lines(results) + pages.figure_line("learning")
+    lines += pages.periodic_lines(results) + pages.figure_line(pages.page_name(results))
     return "\n".join(lines)

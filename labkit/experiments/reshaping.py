@@ -169,7 +169,8 @@ def run(exp: Config) -> Path:
     page = page_of(exp)
     results = run_methods(page, methods_of(exp), exp, shared={"tasks.templates": tuple(exp.templates)},
                           aliases=aliases_of(exp))
-    results["experiment"], results["page"] = "reshaping", page
+    results["experiment"] = "reshaping"
+    results.setdefault("page", page)
     results["command"] = command("reshaping", exp)
     training_record(results)
     if exp.paired_tasks:

@@ -48,6 +48,8 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
     check_methods(methods)
     check_engine(exp, methods, shared, wall_steps)
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
+    if exp.engine != "labkit":  # its own page: one engine's results never overwrite the other's
+        results["page"] = engine_folder(name, exp)
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
     weights = weights_fingerprint(exp.policy)  # a run is reused only on the same weights
@@ -109,8 +111,9 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
 
 
 def engine_folder(name: str, exp: ExperimentConfig) -> str:
-    """The folder of an experiment's runs under ``run_root``: its name, ``<name>-trl`` for the
-    TRL engine (a run of one engine is never found again as the other's)."""
+    """The folder of an experiment's runs under ``run_root``, and the name of its page: its
+    name, ``<name>-trl`` for the TRL engine (a run of one engine is never found again as the
+    other's, and its page never replaces the other's)."""
     return name if exp.engine == "labkit" else f"{name}-{exp.engine}"
 
 
@@ -203,7 +206,7 @@ def recorded_methods(exp: ExperimentConfig, name: str, weights: str,
     skip = NOT_TRAINING | set(exp.METHOD_FIELDS)
     differ = sorted(k for k in ours if k not in skip
                     and json.dumps(ours[k]) != json.dumps(theirs.get(k)))
-    if rec.get("page", rec.get("experiment")) != name or differ:
+    if rec.get("page", rec.get("experiment")) != engine_folder(name, exp) or differ:
         raise ReuseError(f"reuse_recorded: {path} is not a {name!r} run of this config "
                          f"(differs in {', '.join(differ) or 'experiment'}); drop the option or "
                          "set the fields as recorded")
