@@ -180,7 +180,9 @@ def records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
 
 def _sorted_records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]]:
     order = list(ROWS)
-    return sorted(records(results_dir), key=lambda pr: order.index(pr[1]["experiment"]))
+    return sorted(records(results_dir),  # an experiment's main page first, then its other pages
+                  key=lambda pr: (order.index(pr[1]["experiment"]), pr[0].stem != pr[1]["experiment"],
+                                  pr[0].stem))
 
 
 def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str, str]]:

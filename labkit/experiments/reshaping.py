@@ -93,7 +93,7 @@ class Config(ExperimentConfig):
 
 REGIMES = {
     "binary": "pass/fail of the hidden tests",
-    "public": "the fraction of the visible examples passed (incomplete tests)",
+    "public": "the fraction of the visible examples passed, an incomplete set of tests",
     "noisy": "the fraction of hidden tests passed, each outcome flipped with probability 0.1",
 }
 """The weak feedback regimes the claim is read under, and what each tells the learner."""
