@@ -367,6 +367,10 @@ def test_reshaping_regimes_write_their_own_page_with_the_binary_control_runs():
     assert (control.variant, control.base, control.direction) == ("raw_grpo_binary", "raw_grpo_flip30", +1)
     assert [c.variant for c in reshaping.primary("binary")] == ["reshaped_full", "raw_grpo"]
     assert set(findings.PLAIN) >= {f"reshaping-{r}" for r in reshaping.REGIMES if r != "binary"}
+    sources = json.loads((Path(__file__).parents[1] / "docs" / "results" / "sources.json").read_text())
+    claimed = {c["contrast"]: c["relative"] for s in sources["sources"] for c in s.get("claims", [])
+               if c["experiment"] == "reshaping"}
+    assert {reshaping.primary(r)[0].label: reshaping.BLOG_RELATIVE_GAIN for r in reshaping.REGIMES} == claimed
     with pytest.raises(ValueError, match="not 'dense'; pick one of them"):
         apply_values(reshaping.Config(), {"feedback": "dense"}).validate()
 
