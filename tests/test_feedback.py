@@ -132,6 +132,26 @@ def test_style_counts_ruff_findings_and_formatting():
     assert fb.r_style(clean) == 1.0
 
 
+def test_a_ruff_killed_by_a_ctrl_c_meant_for_the_trainer_runs_again(monkeypatch):
+    """A Ctrl-C that reaches ruff before it has its own session (exit -SIGINT) does not fail
+    the step: that ruff runs again and its findings count."""
+    import signal
+    import subprocess
+
+    real, calls = subprocess.run, []
+
+    def interrupted_once(*args, **kwargs):
+        calls.append(args[0][0])
+        if len(calls) == 1:
+            return subprocess.CompletedProcess(args[0], -signal.SIGINT, "", "")
+        return real(*args, **kwargs)
+
+    code = "import os\ndef f(x):\n    return x\n"
+    want = fb.style_many([code])[0]
+    monkeypatch.setattr(fb.subprocess, "run", interrupted_once)
+    assert fb.style_many([code])[0] == want and len(calls) == 2 and want.violations
+
+
 def test_hack_flags_drop_style_only_flags():
     r = result(flags=("bare_except", "sys_exit"))
     assert fb.hack_flags(r) == ("sys_exit",)

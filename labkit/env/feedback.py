@@ -42,6 +42,7 @@ import json
 import math
 import random
 import re
+import signal
 import subprocess
 import tempfile
 import tokenize
@@ -495,8 +496,14 @@ def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> li
                    "--config", f"lint.mccabe.max-complexity={cfg.style_max_complexity}", tmp]
             # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
             # asks the trainer to finish the step under way, so it must not kill this child.
-            proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120,
-                                  start_new_session=True)
+            # A Ctrl-C that lands between the fork and the child's setsid() is still the old
+            # group's: held pending while the child starts, it kills the child once its
+            # handlers are reset (exit -2). That ruff is run again, now in its own session.
+            for _ in range(2):
+                proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120,
+                                      start_new_session=True)
+                if proc.returncode != -signal.SIGINT:
+                    break
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"ruff failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
             for item in json.loads(proc.stdout or "[]"):
