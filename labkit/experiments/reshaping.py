@@ -39,6 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.env.feedback import FeedbackConfig
 from labkit.env.tasks import load_tasks
 from labkit.experiments import claims, pages
 from labkit.experiments.claims import Contrast
@@ -94,7 +95,8 @@ class Config(ExperimentConfig):
 REGIMES = {
     "binary": "pass/fail of the hidden tests",
     "public": "the fraction of the visible examples passed, an incomplete set of tests",
-    "noisy": "the fraction of hidden tests passed, each outcome flipped with probability 0.1",
+    "noisy": "the fraction of hidden tests passed, each outcome flipped with probability "
+             f"{FeedbackConfig().noise_p}",
 }
 """The weak feedback regimes the claim is read under, and what each tells the learner."""
 
