@@ -120,12 +120,12 @@ PLAIN: dict[str, dict[str, str]] = {
     },
     "reshaping-public": {
         "supported": "Reshaping the reward helps GRPO learn from the visible examples alone.",
-        "refuted at this scale": "Reshaping the reward does not give the blog's large gain from visible examples here.",
+        "refuted at this scale": "Reshaping does not give the blog's large gain from visible examples here.",
         "undecided": "Not yet known whether reshaping helps GRPO learn from the visible examples alone.",
     },
     "reshaping-noisy": {
         "supported": "Reshaping the reward helps GRPO learn from noisy test results.",
-        "refuted at this scale": "Reshaping the reward does not give the blog's large gain from noisy test results here.",
+        "refuted at this scale": "Reshaping does not give the blog's large gain from noisy test results here.",
         "undecided": "Not yet known whether reshaping helps GRPO learn from noisy test results.",
     },
     "didpo": {
