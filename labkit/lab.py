@@ -140,7 +140,7 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool = False, parameters: Map
 
     quiet_kernels()
     if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        threads = thread_budget(int(os.environ["OMP_NUM_THREADS"]))
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
     params = {"smoke": bool(smoke), "out_dir": str(out_dir.resolve()), **(parameters or {})}
     if "threads" not in params and threads is not None:
         params["threads"] = threads

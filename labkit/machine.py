@@ -9,6 +9,8 @@ import json
 import os
 import platform
 import resource
+import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +34,19 @@ def thread_budget(requested: int) -> int:
     busy process: 31 s at one thread, 107 s at two)."""
     cap = os.environ.get("OMP_NUM_THREADS", "")
     return max(1, min(requested, int(cap))) if cap.isdigit() and int(cap) > 0 else max(1, requested)
+
+
+def run_own_session(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, start_new_session=True, **kwargs)``: a helper child (ruff, git)
+    in its own session, so a terminal's Ctrl-C meant for the trainer (which finishes the step
+    under way) spares it. A Ctrl-C that lands between the fork and the child's ``setsid()``
+    is still the old group's: held pending while the child starts, it kills the child once its
+    handlers are reset (exit ``-SIGINT``); that child is run once more, now in its own session."""
+    for _ in range(2):
+        proc = subprocess.run(cmd, start_new_session=True, **kwargs)
+        if proc.returncode != -signal.SIGINT:
+            break
+    return proc
 
 
 def cpu_seconds(own: bool = False) -> float:

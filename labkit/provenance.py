@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import signal
 import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
+
+from labkit.machine import run_own_session
 
 ROOT = Path(__file__).resolve().parents[1]
 """The checkout the package runs from (its git work tree, when it is one)."""
@@ -46,12 +47,7 @@ class CodeDriftError(RuntimeError):
 
 def _git(*args: str, root: Path = ROOT) -> str | None:
     try:
-        for _ in range(2):  # its own session: a Ctrl-C meant for the trainer spares it, unless
-            # it lands before the child's setsid() (then the child dies of it: run it again)
-            p = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30,
-                               start_new_session=True)
-            if p.returncode != -signal.SIGINT:
-                break
+        p = run_own_session(["git", *args], cwd=root, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return p.stdout.decode("utf-8", "replace") if p.returncode == 0 else None

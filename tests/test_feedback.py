@@ -148,7 +148,7 @@ def test_a_ruff_killed_by_a_ctrl_c_meant_for_the_trainer_runs_again(monkeypatch)
 
     code = "import os\ndef f(x):\n    return x\n"
     want = fb.style_many([code])[0]
-    monkeypatch.setattr(fb.subprocess, "run", interrupted_once)
+    monkeypatch.setattr(subprocess, "run", interrupted_once)
     assert fb.style_many([code])[0] == want and len(calls) == 2 and want.violations
 
 

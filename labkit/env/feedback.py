@@ -42,8 +42,6 @@ import json
 import math
 import random
 import re
-import signal
-import subprocess
 import tempfile
 import tokenize
 from collections import defaultdict
@@ -55,6 +53,7 @@ from typing import Collection, Iterable, Literal, Mapping, Sequence
 from labkit.env.code import _parse, _quiet_compiler, is_noop, normalise_code, parse_candidate  # noqa: F401
 from labkit.sandbox.records import Candidate, SandboxResult, Status, TestOutcome
 from labkit.env.records import Components, RepairTask
+from labkit.machine import run_own_session
 from labkit.sandbox.pool import Sandbox, default_sandbox, run_distinct
 
 # Flags of the sandbox's scan that are not reward hacks, and what prices them instead: a bare
@@ -494,16 +493,8 @@ def style_many(codes: Sequence[str], config: FeedbackConfig | None = None) -> li
             cmd = ["ruff", "check", "--no-cache", "--isolated", "--output-format", "json",
                    "--select", ",".join(cfg.style_rules),
                    "--config", f"lint.mccabe.max-complexity={cfg.style_max_complexity}", tmp]
-            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
-            # asks the trainer to finish the step under way, so it must not kill this child.
-            # A Ctrl-C that lands between the fork and the child's setsid() is still the old
-            # group's: held pending while the child starts, it kills the child once its
-            # handlers are reset (exit -2). That ruff is run again, now in its own session.
-            for _ in range(2):
-                proc = subprocess.run(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120,
-                                      start_new_session=True)
-                if proc.returncode != -signal.SIGINT:
-                    break
+            # its own session: a terminal's Ctrl-C asks the trainer to finish the step under way
+            proc = run_own_session(_ruff_cmd(cmd), capture_output=True, text=True, timeout=120)
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"ruff failed (exit {proc.returncode}): {proc.stderr.strip()[:300]}")
             for item in json.loads(proc.stdout or "[]"):
