@@ -4,6 +4,7 @@ CPU processes under `accelerate launch` equals one process."""
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from trl import GRPOTrainer
 from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.env.feedback import FeedbackConfig, evaluate_many
 from labkit.env.tasks import load_tasks
-from labkit.integrations.trl import DiDPOTrainer, SandboxReward, group_rows, task_dataset
+from labkit.env.task_sampling import CurriculumSampler
+from labkit.integrations.trl import (CurriculumRepeatSampler, DiDPOTrainer, SandboxReward, group_rows,
+                                     task_dataset)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +142,7 @@ def test_didpo_trainer_on_two_processes_equals_one(tmp_path):
     from labkit.integrations import trl_run
 
     run = ["--completions", "fixed", "--dump", "--prompts", "3", "--group", "4", "--tasks", "6",
-           "--steps", "3", "--optim", "sgd", "--lr", "0.1"]
+           "--steps", "3", "--optim", "sgd", "--lr", "0.1", "--curriculum"]
     launch = Path(sys.executable).with_name("accelerate")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     two = subprocess.Popen(
@@ -167,6 +170,9 @@ def test_didpo_trainer_on_two_processes_equals_one(tmp_path):
         # each process scored its own 6 rows once: together, exactly the batch
         assert len(p0["codes"]) == len(p1["codes"]) == 6
         assert p0["codes"] + p1["codes"] == ref["codes"]
+        # the curriculum drew the same prompts on both processes and learned the same
+        assert p0["task_ids"] + p1["task_ids"] == ref["task_ids"]
+        assert p0["curriculum"] == p1["curriculum"] == ref["curriculum"]
         # the logged component means are over both processes' rows
         logged = [r for r in rec["log_history"] if "labkit/r_test" in r][step]
         comps = p0["components"] + p1["components"]
@@ -179,6 +185,15 @@ def test_didpo_trainer_on_two_processes_equals_one(tmp_path):
         width = max(len(ids) for ids in ref["completion_ids"])
         assert logged["didpo/gather_bytes"] == 12 * 8 + 12 * width * 4
         assert logged["didpo/gather_s"] > 0
+    # the curriculum's state: the EMA of what the regime told, row by row in batch order
+    success, buckets = {}, {}
+    for t in load_tasks("synthetic", "train", n=6, seed=0):
+        buckets[t.task_id] = ",".join(t.bug_kinds)
+    for ref in ones:
+        for tid, c in zip(ref["task_ids"], ref["components"]):
+            old = success.get(buckets[tid], 0.5)
+            success[buckets[tid]] = 0.9 * old + 0.1 * float(c["r_feedback"] >= 1 - 1e-9)
+    assert ones[-1]["curriculum"]["success"] == pytest.approx(success, abs=1e-12)
     w1 = torch.load(tmp_path / "one" / "weights.pt")
     w2 = torch.load(tmp_path / "two" / "weights.pt")
     from transformers import AutoModelForCausalLM
@@ -220,3 +235,28 @@ def test_grpo_advantages_in_trl_are_labkits_estimator(tmp_path):
     assert torch.equal(ours.to(trl_adv.dtype), trl_adv)
     default = compute_advantages("grpo", inp).advantages[:, 0]
     assert torch.allclose(default.to(trl_adv.dtype), trl_adv, rtol=1e-3, atol=0)
+
+
+def test_curriculum_sampler_draws_each_generation_batch_when_it_is_asked_for():
+    """TRL's row layout (each prompt G times in a row, the batch repeated), with each batch's
+    prompts drawn by the curriculum as it stands when the batch's first row is asked for."""
+    buckets = ["a", "b", "a", "b", "a", "b"]
+    cur = CurriculumSampler(order=("a", "b"), unlock_at=0.3, success={"a": 0.0})
+    sampler = CurriculumRepeatSampler(buckets, cur, prompts=2, num_generations=3, repeat_count=2, seed=5)
+    assert len(sampler) == 3 * 2 * 3 * 2  # 3 batches a pass
+    it = iter(sampler)
+    first = [next(it) for _ in range(12)]
+    chosen = first[:6:3]
+    assert first == [r for r in chosen for _ in range(3)] * 2 and chosen[0] != chosen[1]
+    assert {buckets[r] for r in chosen} == {"a"}  # "b" stays locked while "a" is unsolved
+    cur.success["a"] = 0.9  # "a" is learned: "b" opens for the batches not drawn yet
+    rest = list(it)
+    later = [rest[i:i + 6:3] for i in range(0, len(rest), 12)]
+    replay_rng = random.Random("curriculum:5:0")
+    replay = CurriculumSampler(order=("a", "b"), unlock_at=0.3, success={"a": 0.0})
+    assert replay.sample(range(6), buckets.__getitem__, 2, replay_rng) == chosen
+    replay.success["a"] = 0.9
+    assert later == [replay.sample(range(6), buckets.__getitem__, 2, replay_rng) for _ in range(2)]
+    assert any(buckets[r] == "b" for batch in later for r in batch)
+    second = list(iter(sampler))  # a second pass draws with a seed of its own
+    assert second[:6:3] == replay.sample(range(6), buckets.__getitem__, 2, random.Random("curriculum:5:1"))

@@ -1,7 +1,8 @@
 """The TRL engine of the experiments: ``python -m labkit experiment NAME --set engine=trl``.
 
 Each run of a method trains through TRL's ``GRPOTrainer`` (``DiDPOTrainer`` for the ``didpo``
-estimator, :mod:`labkit.integrations.trl`) with labkit's sandboxed reward
+estimator, :mod:`labkit.integrations.trl`; with labkit's curriculum drawing the prompts where
+the method asks for it) with labkit's sandboxed reward
 (:class:`~labkit.integrations.trl.SandboxReward`), on ``processes`` processes under
 ``accelerate launch`` (one process: a plain child process). Everything around the training is
 the experiment's own: the run's :class:`~labkit.loops.config.TrainConfig` (the same one the
@@ -18,7 +19,8 @@ top-p and length, AdamW's rate, betas, decay and clipping, a constant schedule, 
 coefficient as ``beta`` (TRL's estimator is k3), the clip range as ``epsilon`` /
 ``epsilon_high``, ``loss.epochs`` as ``num_iterations`` and the loss aggregation as TRL's
 ``loss_type`` (token-mean -> ``dapo``, seq-mean-token-mean -> ``grpo``). What differs: TRL draws
-the training prompts with its own sampler (the same training problems, another order), it
+the training prompts with its own sampler (the same training problems, another order; with the
+curriculum, labkit's weights steer the batch after next instead of the next), it
 samples with ``model.generate`` (another random stream than labkit's sampler), and a run
 evaluates at its start and its end only (no periodic evaluations: the page's curves have two
 points). An interrupted TRL run trains again from its start (runs are minutes long on the
@@ -26,7 +28,7 @@ tiny model); a finished one is reused as a labkit run is.
 
 A config the engine cannot train as asked is refused before anything trains
 (:func:`refusal`): estimators other than ``grpo`` and ``didpo`` (fork credit and the oracles
-need labkit's rollout stages), the curriculum (labkit's task sampler), the advantage-side
+need labkit's rollout stages), the advantage-side
 transforms of reshaping (batch normalisation, EMA baseline, clipping, amplification, focus),
 GRPO's scale matching, LoRA, an entropy bonus, a KL estimator other than k3 and a policy
 loss other than PPO-clip.
@@ -71,7 +73,6 @@ def refusal(cfg: TrainConfig) -> str | None:
         (cfg.estimator not in ESTIMATORS,
          f"estimator {cfg.estimator!r} needs labkit's rollout stages or credit; the TRL engine "
          f"trains {' and '.join(ESTIMATORS)}"),
-        (cfg.curriculum, "the curriculum is labkit's task sampler; TRL draws its own prompts"),
         (r.normalise != "none" or r.ema_baseline or r.adv_clip or r.amplify != "none"
          or r.focus_threshold,
          "reshaping's advantage transforms (normalise, ema_baseline, adv_clip, amplify, focus) "

@@ -17,7 +17,11 @@ DiDPO credit, with TRL doing generation (vLLM on a GPU) and the sharded training
 * :class:`SandboxReward`: a TRL reward function; runs every completion's extracted program
   in labkit's sandbox against the hidden tests, turns the result into the regime's signal and
   the recipe's reward, and logs every component through TRL (``log_metric``).
-* :class:`DiDPOTrainer`: ``GRPOTrainer`` whose sequence advantages are replaced by labkit's
+* :class:`CurriculumGRPOTrainer`: ``GRPOTrainer`` that draws each generation batch's prompts
+  with labkit's learnability curriculum (:class:`~labkit.env.task_sampling.CurriculumSampler`,
+  the sampler labkit's trainer uses) instead of a uniform permutation, steered by what the
+  feedback regime told (:class:`CurriculumRepeatSampler`).
+* :class:`DiDPOTrainer`: ``GRPOTrainer`` (the curriculum one) whose sequence advantages are replaced by labkit's
   per-token ``A_E + lambda A_D`` over diff anchors (``labkit.credit.anchors.didpo``), with
   exact token offsets from the tokenizer, on any number of processes (each builds the anchors
   of the groups its rows belong to; docs/scale_out.md). TRL's loss accepts ``(B, T)``
@@ -30,20 +34,24 @@ this module.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import Sampler
 
 from labkit.credit.reshaping import ReshapeConfig
-from labkit.env.feedback import FeedbackConfig
+from labkit.env.feedback import FeedbackConfig, told_pass
 from labkit.env.records import RepairTask
+from labkit.env.task_sampling import CurriculumSampler, bucket
 from labkit.integrations.credit import didpo_credit
 from labkit.integrations.scoring import SandboxScorer
 from labkit.policy.prompts import extract_code, plain_prompt
 
 try:
+    from accelerate.utils import gather_object
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError("labkit.integrations.trl needs TRL: pip install 'labkit[trl]' "
@@ -148,7 +156,88 @@ def anchor_sums(anchors: dict, group_size: int, own: tuple[int, int]) -> dict[st
     return sums
 
 
-class DiDPOTrainer(GRPOTrainer):
+class CurriculumRepeatSampler(Sampler):
+    """TRL's prompt order (``RepeatSampler``: each generation batch's prompts, each one
+    ``num_generations`` times in a row, the batch ``repeat_count`` times for the updates that
+    reuse its generations), with the prompts of each generation batch drawn by labkit's
+    curriculum: ``prompts`` distinct rows, a bucket by its learnability weight
+    ``w_k = eps + s_k (1 - s_k)`` and then a uniform row of it
+    (:meth:`~labkit.env.task_sampling.CurriculumSampler.sample`), where labkit's trainer draws
+    a step's tasks the same way.
+
+    The draw of a generation batch reads the curriculum when its first row is asked for, so the
+    trainer's updates of ``curriculum`` steer the batches after it. DataLoaders ask one batch
+    ahead, so the batch after the next is the first a step's rewards steer (labkit's trainer:
+    the next one). Every process iterates the same sampler with the same seed and sees the same
+    updates (:class:`CurriculumGRPOTrainer` gathers them), so all draw the same prompts, as TRL
+    needs for its groups. One pass yields ``len(buckets) // prompts`` generation batches
+    (``RepeatSampler``'s epoch); each pass draws with a seed of its own."""
+
+    def __init__(self, buckets: Sequence[str], curriculum: CurriculumSampler, prompts: int,
+                 num_generations: int, repeat_count: int = 1, seed: int = 0):
+        if not 0 < prompts <= len(buckets):
+            raise ValueError(f"a generation batch of {prompts} prompts from {len(buckets)} rows")
+        self.buckets, self.curriculum = list(buckets), curriculum
+        self.prompts, self.num_generations, self.repeat_count = prompts, num_generations, repeat_count
+        self.seed, self.passes = seed, 0
+
+    def __iter__(self):
+        rng = random.Random(f"curriculum:{self.seed}:{self.passes}")
+        self.passes += 1
+        rows = range(len(self.buckets))
+        for _ in range(len(self.buckets) // self.prompts):
+            chosen = self.curriculum.sample(rows, self.buckets.__getitem__, self.prompts, rng)
+            for _ in range(self.repeat_count):
+                for row in chosen:
+                    yield from [row] * self.num_generations
+
+    def __len__(self) -> int:
+        return (len(self.buckets) // self.prompts) * self.prompts * self.num_generations * self.repeat_count
+
+
+class CurriculumGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with labkit's learnability curriculum (``curriculum``; ``None``: TRL's
+    uniform order, the trainer is then ``GRPOTrainer``).
+
+    The prompts come from :class:`CurriculumRepeatSampler` over the dataset's rows, each
+    bucketed by its task's bug kinds (:func:`~labkit.env.task_sampling.bucket`, the dataset's
+    ``task`` column). After every generation the curriculum learns, per completion in batch
+    order, whether the regime *told* a pass (:func:`~labkit.env.feedback.told_pass` of the
+    :class:`SandboxReward`'s components, never the hidden tests), as labkit's trainer updates
+    it; on several processes the ``(bucket, told)`` pairs are gathered first, so every process's
+    curriculum stays the same. Needs a :class:`SandboxReward` among ``reward_funcs``."""
+
+    def __init__(self, *args, curriculum: CurriculumSampler | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.curriculum = curriculum
+        self._sandbox_reward = next((f for f in self.reward_funcs if isinstance(f, SandboxReward)), None)
+        if curriculum is not None and self._sandbox_reward is None:
+            raise ValueError("the curriculum reads what the regime told: give a SandboxReward "
+                             "in reward_funcs")
+
+    def _get_train_sampler(self, dataset=None):
+        if self.curriculum is None:
+            return super()._get_train_sampler(dataset)
+        dataset = self.train_dataset if dataset is None else dataset
+        buckets = [bucket(RepairTask.from_dict(json.loads(t))) for t in dataset["task"]]
+        return CurriculumRepeatSampler(
+            buckets, self.curriculum, self.args.generation_batch_size // self.num_generations,
+            self.num_generations, self.num_iterations * self.args.steps_per_generation,
+            seed=self.args.seed)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if self.curriculum is not None and self.model.training:
+            last = self._sandbox_reward.history[-1]  # this process's rows, in order
+            told = [(bucket(t), float(told_pass(c))) for t, c in zip(last["tasks"], last["components"])]
+            if self.accelerator.num_processes > 1:
+                told = gather_object(told)  # process order: the batch's row order
+            for b, success in told:
+                self.curriculum.update(b, success)
+        return out
+
+
+class DiDPOTrainer(CurriculumGRPOTrainer):
     """``GRPOTrainer`` with DiDPO's per-token credit (arXiv 2608.07147), on any number of
     processes.
 

@@ -6,14 +6,16 @@ on labkit's tasks, on as many processes as ``accelerate launch`` starts (one wit
 ``prompts * group / N`` rows (groups may span processes). Writes ``record.json`` (process 0):
 the setup, the training wall time, the machine's load and TRL's log of every step, whose
 ``didpo/gather_bytes`` and ``didpo/gather_s`` (also listed per step as ``gather_bytes`` and
-``gather_s``) are the cost of the completions' all-gather.
+``gather_s``) are the cost of the completions' all-gather. ``--curriculum`` draws the prompts
+with labkit's learnability curriculum (:class:`~labkit.integrations.trl.CurriculumGRPOTrainer`).
 
 ``--completions fixed`` replaces sampling with known completions (TRL's ``rollout_func``):
 sample ``s`` of a task's group is :func:`fixed_completion` ``(task, s)``, whatever process
 holds the row, so runs on any number of processes train on the same batch; their advantages
 and weights must agree. ``--dump`` adds, per process, the rows it held at every step
 (``rows.<process>.jsonl``: batch rows, completion ids, per-token advantages, rewards,
-scored programs and their components) and process 0's trained weights (``weights.pt``).
+scored programs and their components, task ids, the curriculum's state after the step) and
+process 0's trained weights (``weights.pt``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from trl import GRPOConfig
 
 from labkit import provenance
 from labkit.env.records import RepairTask
+from labkit.env.task_sampling import CurriculumSampler
 from labkit.env.tasks import load_tasks
 from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
 from labkit.policy.loading import TINY_DIR, weights_fingerprint
@@ -91,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--completions", choices=("sample", "fixed"), default="sample",
                    help="sample from the model, or the known completions of fixed_completion")
+    p.add_argument("--curriculum", action="store_true",
+                   help="draw the prompts with labkit's learnability curriculum")
     p.add_argument("--dump", action="store_true",
                    help="write each process's rows per step and process 0's trained weights")
     return p.parse_args(argv)
@@ -106,7 +111,9 @@ def _dump_rows(trainer, reward, step: int) -> dict:
             "completion_ids": [r.completion_ids for r in c["rollouts"][own]],
             "advantages": [a[:n].tolist() for a, n in zip(c["advantages"][own], lengths)],
             "rewards": c["rewards"][own].tolist(), "codes": last["codes"],
-            "components": [dict(x) for x in last["components"]]}
+            "components": [dict(x) for x in last["components"]],
+            "task_ids": [t.task_id for t in last["tasks"]],
+            "curriculum": trainer.curriculum.state_dict() if trainer.curriculum else None}
 
 
 def command(argv: list[str], processes: int) -> str:
@@ -156,7 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
         rollout = fixed_rollout(dict(zip(dataset["prompt"], tasks)))
     trainer = DiDPOTrainer(model=model, reward_funcs=[reward], args=cfg, train_dataset=dataset,
                            processing_class=tok, rollout_func=rollout,
-                           didpo_options={"lam": args.lam})
+                           didpo_options={"lam": args.lam},
+                           curriculum=CurriculumSampler() if args.curriculum else None)
     dumped: list[dict] = []
     if args.dump:
         class Dump(TrainerCallback):

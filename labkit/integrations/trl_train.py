@@ -4,7 +4,8 @@ The child process of the experiments' TRL engine (:mod:`labkit.experiments.trl_e
 writes ``RUN_DIR/config.json``, evaluates the start and the end, and launches this module,
 under ``accelerate launch`` for several processes). It reads the config as the plain record
 it is (this floor sits below the trainer's), maps it onto TRL's ``GRPOConfig``
-(:func:`grpo_config`), trains ``GRPOTrainer`` (``DiDPOTrainer`` for the ``didpo`` estimator)
+(:func:`grpo_config`), trains ``GRPOTrainer`` (``DiDPOTrainer`` for the ``didpo`` estimator;
+both with labkit's curriculum when the config asks for it, ``CurriculumGRPOTrainer``)
 with labkit's :class:`~labkit.integrations.trl.SandboxReward` on the run's training tasks,
 and writes (process 0) ``metrics.jsonl`` (TRL's log of every step, ``reward/mean`` and
 ``time/step`` beside TRL's own figures under ``trl/``) and the final checkpoint in the lab's
@@ -24,14 +25,14 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from labkit.config import from_dict
 from labkit.credit.reshaping import ReshapeConfig
 from labkit.env.feedback import FeedbackConfig
-from labkit.env.task_sampling import TaskConfig, run_tasks
+from labkit.env.task_sampling import CurriculumSampler, TaskConfig, run_tasks
 from labkit.integrations import TRL_LOSS_TYPES
-from labkit.integrations.trl import DiDPOTrainer, SandboxReward, task_dataset
+from labkit.integrations.trl import CurriculumGRPOTrainer, DiDPOTrainer, SandboxReward, task_dataset
 from labkit.policy.loading import resolve_spec
 from labkit.sandbox.config import SandboxConfig
 from labkit.sandbox.pool import Sandbox
@@ -89,9 +90,10 @@ def main(argv: list[str] | None = None) -> None:
                            recipe_name=from_dict(ReshapeConfig, cfg["reshape"]),
                            sandbox=Sandbox(from_dict(SandboxConfig, cfg["sandbox"])), keep=1)
     kwargs = dict(model=model, reward_funcs=[reward], train_dataset=task_dataset(tasks),
-                  processing_class=tok, args=grpo_config(cfg, state.num_processes, run / "trl"))
+                  processing_class=tok, args=grpo_config(cfg, state.num_processes, run / "trl"),
+                  curriculum=CurriculumSampler() if cfg["curriculum"] else None)
     trainer = (DiDPOTrainer(**kwargs, didpo_options=dict(cfg["estimator_options"]))
-               if cfg["estimator"] == "didpo" else GRPOTrainer(**kwargs))
+               if cfg["estimator"] == "didpo" else CurriculumGRPOTrainer(**kwargs))
     step_s: list[float] = []
 
     class Clock(TrainerCallback):
