@@ -13,7 +13,7 @@ from pathlib import Path
 
 from labkit.config import apply_overrides, to_record
 from labkit.experiments import load
-from labkit.experiments.config import NOT_IN_COMMAND
+from labkit.experiments.config import NOT_IN_COMMAND, command
 from labkit.docs.findings import table as findings_table
 
 
@@ -679,3 +679,17 @@ def test_every_committed_results_page_is_its_json_rendered_and_rerunnable():
         recorded = {k: v for k, v in data["config"].items() if k not in skip}
         assert {k: v for k, v in json.loads(json.dumps(vars(rebuilt))).items()
                 if k in recorded} == recorded, path.name
+
+
+def test_a_page_name_keeps_a_second_testbed_beside_the_main_page():
+    """``page``: a pilot or second testbed of an experiment names its page and its runs'
+    folder, so neither its page nor its runs are taken for the main page's."""
+    from labkit.experiments.runs import engine_folder
+
+    module = load("didpo")
+    exp = module.Config()
+    assert engine_folder("didpo", exp) == "didpo"
+    headroom = apply_overrides(exp, ["page=didpo-headroom"])
+    assert engine_folder("didpo", headroom) == "didpo-headroom"
+    assert engine_folder("didpo", apply_overrides(headroom, ["engine=trl"])) == "didpo-headroom-trl"
+    assert "--set page=didpo-headroom" in command("didpo", headroom)

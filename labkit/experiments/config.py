@@ -166,6 +166,11 @@ class ExperimentConfig:
     """Processes the TRL engine trains each run on (``accelerate launch``; one: a plain child
     process). ``tasks_per_step x group_size`` must split over them. The labkit engine trains in
     one process."""
+    page: str = ""
+    """The page's name and its runs' folder under ``run_root``; empty: the experiment's own
+    (reshaping names it by regime, the TRL engine adds ``-trl``). A second testbed or a pilot
+    of an experiment sets one (``didpo-headroom``) and writes its page beside the main page
+    instead of over it; its runs are never found again as the main page's."""
     reuse_finished: bool = True
     """Keep a run whose folder already holds a finished run of the same config: finished
     runs are not trained again, and an interrupted one resumes from its last checkpoint

@@ -48,7 +48,7 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
     check_methods(methods)
     check_engine(exp, methods, shared, wall_steps)
     results: dict = {"experiment": name, "config": to_record(exp), "methods": {}}
-    if exp.engine != "labkit":  # its own page: one engine's results never overwrite the other's
+    if exp.engine != "labkit" or exp.page:  # its own page, never over another's
         results["page"] = engine_folder(name, exp)
     if exp.paired_tasks:
         paired_list(exp)  # a list that cannot be filled fails now, not after the training
@@ -112,9 +112,10 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
 
 def engine_folder(name: str, exp: ExperimentConfig) -> str:
     """The folder of an experiment's runs under ``run_root``, and the name of its page: its
-    name, ``<name>-trl`` for the TRL engine (a run of one engine is never found again as the
-    other's, and its page never replaces the other's)."""
-    return name if exp.engine == "labkit" else f"{name}-{exp.engine}"
+    ``page`` if it sets one, else its name; ``-trl`` added for the TRL engine (a run of one
+    engine is never found again as the other's, and its page never replaces the other's)."""
+    base = exp.page or name
+    return base if exp.engine == "labkit" else f"{base}-{exp.engine}"
 
 
 def check_engine(exp: ExperimentConfig, methods: Sequence[str],
