@@ -693,3 +693,18 @@ def test_a_page_name_keeps_a_second_testbed_beside_the_main_page():
     assert engine_folder("didpo", headroom) == "didpo-headroom"
     assert engine_folder("didpo", apply_overrides(headroom, ["engine=trl"])) == "didpo-headroom-trl"
     assert "--set page=didpo-headroom" in command("didpo", headroom)
+
+
+def test_a_claim_can_be_read_on_the_screened_list_chosen_before_the_run():
+    from labkit.config import ConfigError
+    from labkit.experiments.claims import primary_key
+
+    module = load("didpo")
+    assert primary_key(module.Config()) == "paired_clean"  # trained on val: the clean list
+    assert primary_key(to_record(apply_overrides(module.Config(), ["train_split=train"]))) == "paired"
+    with pytest.raises((ConfigError, ValueError), match="set screen_tasks"):
+        apply_overrides(module.Config(), ["claim_on=screened"])
+    with pytest.raises((ConfigError, ValueError), match="claim_on must be one of"):
+        apply_overrides(module.Config(), ["claim_on=best"])
+    screened = apply_overrides(module.Config(), ["claim_on=screened", "screen_tasks=80"])
+    assert primary_key(screened) == primary_key(to_record(screened)) == "paired_screened"

@@ -55,11 +55,20 @@ class Contrast:
             raise ValueError(f"contrast direction must be +1 or -1, got {self.direction}")
 
 
-def primary_key(train_split: str) -> str:
-    """The paired evaluation a training experiment's claim is read on: the held-out tasks no
-    trained-on reference solves (``paired_clean``) when training used templates other than
-    the shipped model's SFT ones (``val``), else the whole held-out list (``paired``)."""
-    return "paired_clean" if train_split != "train" else "paired"
+CLAIM_ON = ("standard", "screened")
+"""The evaluations a claim may be read on (``ExperimentConfig.claim_on``)."""
+
+
+def primary_key(config) -> str:
+    """The paired evaluation a training experiment's claim is read on, by its config (the
+    dataclass or its record): the screened list (``paired_screened``) when ``claim_on`` is
+    ``screened``; else the held-out tasks no trained-on reference solves (``paired_clean``)
+    when training used templates other than the shipped model's SFT ones (``val``), else the
+    whole held-out list (``paired``)."""
+    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+    if get("claim_on", "standard") == "screened":
+        return "paired_screened"
+    return "paired_clean" if get("train_split") != "train" else "paired"
 
 
 Getter = Callable[[Mapping, "Contrast", str], tuple[Mapping | None, float | None]]

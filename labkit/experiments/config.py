@@ -98,6 +98,12 @@ class ExperimentConfig:
     """Screened start pass rates kept: tasks the start neither always nor never passes."""
     screen_eval_k: int = 6
     """Samples per kept task for pass@1 (against ``paired_k`` on the standard list)."""
+    claim_on: str = "standard"
+    """The evaluation the claim and its controls are read on: ``standard`` (the held-out
+    list; without the tasks a trained-on reference solves when training used other templates)
+    or ``screened`` (the ``screen_tasks`` list: held-out tasks the start neither always nor
+    never solves, more samples each; another population, which the page names). Chosen before
+    the run, as the claim is."""
     paired_trained: bool = True
     """With ``train_split`` ``val``: also evaluate start and end on ``paired_tasks`` new
     instances of the trained templates (``paired_trained``). Building that list runs the bug
@@ -191,6 +197,15 @@ class ExperimentConfig:
     is taken from it instead of trained again, its per-task paired changes included, so new
     methods are compared task by task with it (:func:`labkit.experiments.runs.recorded_methods`).
     Runs found in ``run_root`` come first."""
+
+    def validate(self) -> None:
+        from labkit.experiments.claims import CLAIM_ON
+
+        if self.claim_on not in CLAIM_ON:
+            raise ValueError(f"claim_on must be one of {', '.join(CLAIM_ON)}, not {self.claim_on!r}")
+        if self.claim_on == "screened" and not (self.screen_tasks and self.paired_tasks):
+            raise ValueError("claim_on=screened reads the claim on the screened list: set "
+                             "screen_tasks (e.g. 80) and keep paired_tasks above 0")
 
 
 SYNTHETIC_TEST_TIMEOUT_S = 0.25

@@ -78,6 +78,7 @@ class Config(ExperimentConfig):
     """Rounds of the side-by-side cost measurement (one step of every method per round)."""
 
     def validate(self) -> None:
+        super().validate()
         check_methods(self.methods)
         check_methods(self.scale_matched, field_name="scale_matched")
         trained(self)  # every scale-matched method has its variant
@@ -102,7 +103,7 @@ SMOKE = {"seeds": (0, 1), "steps": 2, "tasks_per_step": 1, "group_size": 2, "eva
 
 def restat(results: dict) -> dict:
     """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
-    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
+    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]))
 
 
 def trained(exp: Config) -> list[str]:
@@ -160,7 +161,7 @@ def run(exp: Config) -> Path:
     training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp.train_split))
+        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 

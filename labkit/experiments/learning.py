@@ -58,7 +58,7 @@ SMOKE = {"seeds": (0, 1), "steps": 2, "tasks_per_step": 2, "group_size": 2, "eva
 
 def restat(results: dict) -> dict:
     """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
-    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]["train_split"]))
+    return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]))
 
 
 def run(exp: Config) -> Path:
@@ -66,7 +66,7 @@ def run(exp: Config) -> Path:
     results["command"] = command("learning", exp)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp.train_split))
+        results["primary"] = claims.read(results, PRIMARY, claims.primary_key(exp))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 

@@ -359,7 +359,8 @@ def primary_lines(results: Mapping, claim_size_text: str = "") -> list[str]:
     key = prim["key"]
     what = {"paired": "the held-out list", "paired_clean": "the held-out tasks no trained-on "
             "reference solves", "paired_trained": "new instances of the trained templates",
-            "all": "the hunks of every split"}
+            "paired_screened": "the screened held-out tasks (the start policy neither always nor "
+            "never solves them; a population of its own)", "all": "the hunks of every split"}
     lines = ["## The claim and its controls", "",
              f"Named before the run and read on {what.get(key, key)} (`{key}`"
              + (f", {results[key]['tasks']} tasks" if results.get(key) else "") + ").", "",

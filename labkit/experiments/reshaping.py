@@ -86,6 +86,7 @@ class Config(ExperimentConfig):
     """At most 16 held-out two-bug tasks of any one template."""
 
     def validate(self) -> None:
+        super().validate()
         if self.feedback not in REGIMES:
             raise ValueError(f"feedback: the reshaping claim is read under {', '.join(REGIMES)}, "
                              f"not {self.feedback!r}; pick one of them")
@@ -163,7 +164,7 @@ def restat(results: dict) -> dict:
     """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
     c = results["config"]
     return claims.restat_methods(results, primary(c.get("feedback", "binary")),
-                                 claims.primary_key(c["train_split"]))
+                                 claims.primary_key(c))
 
 
 def run(exp: Config) -> Path:
@@ -177,7 +178,7 @@ def run(exp: Config) -> Path:
     training_record(results)
     if exp.paired_tasks:
         add_paired(results, exp)
-        results["primary"] = claims.read(results, primary(exp.feedback), claims.primary_key(exp.train_split))
+        results["primary"] = claims.read(results, primary(exp.feedback), claims.primary_key(exp))
     return pages.write_page(results, exp.out, render, pages.curves_figure)
 
 
