@@ -708,3 +708,32 @@ def test_a_claim_can_be_read_on_the_screened_list_chosen_before_the_run():
         apply_overrides(module.Config(), ["claim_on=best"])
     screened = apply_overrides(module.Config(), ["claim_on=screened", "screen_tasks=80"])
     assert primary_key(screened) == primary_key(to_record(screened)) == "paired_screened"
+
+
+def test_a_didpo_pilot_reads_the_oracles_headroom_and_plans_the_seeds():
+    """A page that trained GRPO and the oracle but not DiDPO says, per evaluation, whether the
+    oracle's gain reaches the headroom DiDPO's claim needs, and the seeds a full run needs."""
+    import random
+
+    from labkit.experiments import stats
+
+    didpo = load("didpo")
+    rng = random.Random(0)
+    ids = [f"t{i}" for i in range(60)]
+    grpo = {s: [rng.choice((0.0, 0.0, 0.25)) for _ in ids] for s in (0, 1)}
+    gain = {s: [g + rng.choice((0.0, 0.25, 0.25)) for g in grpo[s]] for s in (0, 1)}
+    small = {s: [g + (0.25 if i % 10 == s else 0.0) for i, g in enumerate(grpo[s])] for s in (0, 1)}
+    results = {"methods": {
+        "grpo": {"paired_clean_change": stats.paired_change(grpo, ids),
+                 "paired_screened_change": stats.paired_change(grpo, ids)},
+        "oracle_hunk": {"paired_clean_change": stats.paired_change(small, ids),
+                        "paired_screened_change": stats.paired_change(gain, ids)}},
+        "paired_clean": {"tasks": 60}, "paired_screened": {"tasks": 60}}
+    lines = didpo.pilot_lines(results)
+    clean = next(x for x in lines if x.startswith("| paired clean"))
+    screened = next(x for x in lines if x.startswith("| paired screened"))
+    assert clean.split("|")[4].strip() == "no"  # +0.025: short of the headroom
+    assert screened.split("|")[4].strip() == "yes"  # about +0.17, interval above 0
+    assert screened.split("|")[5].strip().isdigit()
+    results["methods"]["didpo"] = results["methods"]["grpo"]
+    assert didpo.pilot_lines(results) == []  # DiDPO trained: a full page, no pilot reading

@@ -101,6 +101,39 @@ SMOKE = {"seeds": (0, 1), "steps": 2, "tasks_per_step": 1, "group_size": 2, "eva
 """``--smoke``: every method and row, two seeds, two steps each."""
 
 
+HEADROOM = 0.05
+"""The oracle's gain over GRPO (held-out pass@1) a testbed must show before DiDPO's claim is
+tried on it: with less, even the best diff-level credit could not reach half the claimed
++0.056, so no number of seeds would decide the claim there."""
+
+
+def pilot_lines(results: dict) -> list[str]:
+    """A pilot's reading (a page that trained the oracle and GRPO but not DiDPO): the oracle's
+    gain over GRPO on every evaluation, against :data:`HEADROOM`, and the seeds a full run on
+    the same tasks needs to detect half that gain, from the pilot's own variance components
+    (:func:`labkit.experiments.claims.plan`)."""
+    if "didpo" in results["methods"] or not {"grpo", "oracle_hunk"} <= set(results["methods"]):
+        return []
+    oracle = next(c for c in PRIMARY if c.role == "positive")
+    rows = []
+    for key in pages.PAIRED_KEYS:
+        change, _ = claims.method_change(results, oracle, key)
+        if not change:
+            continue
+        p = claims.plan(change, change["mean"]) if change["mean"] > 0 else None
+        seeds = "n/a (no gain)" if p is None else (str(p["seeds"]) if p["seeds"] else "more than 64")
+        verdict = "yes" if change["ci95"][0] > 0 and change["mean"] >= HEADROOM else "no"
+        rows.append(f"| {key.replace('_', ' ')} | {results[key]['tasks']} | {pages.cell(change)} | "
+                    f"{verdict} | {seeds} |")
+    return ["## Pilot: is there headroom for diff-level credit?", "",
+            f"DiDPO was not trained: this page asks whether the oracle's exact hunk credit beats "
+            f"GRPO by at least {HEADROOM:.2f} held-out pass@1 (interval above 0), the room DiDPO's "
+            "claim needs. Seeds: how many a full run on the same tasks needs to detect half the "
+            "oracle's gain, from this pilot's variance components.", "",
+            "| evaluation | tasks | oracle - GRPO [95%] | headroom | seeds for half the gain |",
+            "|---|---|---|---|---|", *rows, ""]
+
+
 def restat(results: dict) -> dict:
     """:func:`labkit.experiments.claims.restat_methods` with this experiment's claim."""
     return claims.restat_methods(results, PRIMARY, claims.primary_key(results["config"]))
@@ -184,7 +217,7 @@ def render(results: dict) -> str:
             f"in separate, separately tested hunks; trained on the `{s['train_split']}` templates, "
             f"held out: `{s['split']}`. Only the advantage estimator differs. Forks: at most "
             f"{c['fork_budget']} per completion at `{c['fork_strategy']}` positions.")
-    lines = pages.header(results, TITLE, what) + pages.primary_lines(results)
+    lines = pages.header(results, TITLE, what) + pilot_lines(results) + pages.primary_lines(results)
     pairs = _pairs(results)
     holm = pages.family(results, pairs)
     lines += ["## Paired change (exploratory)", ""]

@@ -170,7 +170,8 @@ def _recorded_lines(rec: Mapping | None) -> list[str]:
             "digit), so their per-task changes pair with the new methods' by task id.", ""]
 
 
-def _cell(change: Mapping | None, digits: int = 3) -> str:
+def cell(change: Mapping | None, digits: int = 3) -> str:
+    """A change as the pages print it: the mean and its 95% interval."""
     if not change:
         return "n/a"
     if change.get("ci95") is None:
@@ -274,13 +275,13 @@ def paired_lines(results: Mapping, key: str = "paired", methods: list[str] | Non
         if not c:
             continue
         start = _start_of(p, "pass_at_1", c)
-        row = (f"| {m} | {start:.3f} -> {start + c['mean']:.3f} | {_cell(c)} | "
+        row = (f"| {m} | {start:.3f} -> {start + c['mean']:.3f} | {cell(c)} | "
                f"{_holm_cell(holm.get(row_label(key, m)))} |")
         if pk:
             ck = r.get(f"{kk}_change")
             if ck:
                 sk = _start_of(p, "pass_at_k", ck)
-                row += (f" {sk:.3f} -> {sk + ck['mean']:.3f} | {_cell(ck)} | "
+                row += (f" {sk:.3f} -> {sk + ck['mean']:.3f} | {cell(ck)} | "
                         f"{_holm_cell(holm.get(row_label(kk, m)))} |")
             else:
                 row += " n/a | n/a | n/a |"
@@ -311,7 +312,7 @@ def difference_lines(results: Mapping, pairs: list[tuple[str, str]], key: str = 
         if d is None:
             continue
         poi = f"{d['poi']:.2f}" if d.get("poi") is not None else "n/a"
-        rows.append(f"| {b} - {a} | {_cell(d)} | {poi} | "
+        rows.append(f"| {b} - {a} | {cell(d)} | {poi} | "
                     f"{_holm_cell(holm.get(row_label(key, f'{b} - {a}')))} |")
     if not rows:
         return []
@@ -336,7 +337,7 @@ def screened_lines(results: Mapping, method: str) -> list[str]:
             continue
         samples = sc["samples"] if key == "paired_screened" else sc["samples_pass_at_1_standard"]
         mde = f"{c['mde']:.3f}" if c.get("mde") else "n/a"
-        rows.append(f"| {label} | {results[key]['tasks']} | {_cell(c)} | {mde} | {samples:,} |")
+        rows.append(f"| {label} | {results[key]['tasks']} | {cell(c)} | {mde} | {samples:,} |")
     lo, hi = sc["range"]
     return ["## A less noisy evaluation", "",
             f"The screen sampled the start policy {sc['screen_k']} times on each of {sc['pool']} "
@@ -372,7 +373,7 @@ def primary_lines(results: Mapping, claim_size_text: str = "") -> list[str]:
             reading = f"**{r['verdict']}**{size}: {r['why']}"
         else:
             reading = r["why"] if not r["passed"] else f"passed: {r['why']}"
-        lines.append(f"| {names[r['role']]} | {r['label']} | {_cell(r.get('change'))} | {reading} |")
+        lines.append(f"| {names[r['role']]} | {r['label']} | {cell(r.get('change'))} | {reading} |")
     for claim in [r for r in prim["contrasts"] if r["role"] == "claim"]:
         lines += [""] + _claim_summary(prim, claim)
     return lines + [""]
@@ -424,7 +425,7 @@ def periodic_lines(results: Mapping) -> list[str]:
         if "start" not in r:
             continue
         lines.append(f"| {m} | {r['start']['mean']:.3f} | {r['end']['mean']:.3f} | "
-                     f"{_cell(r['delta'])} | {r['s_per_step']:.2f} | {r['wall_s']:.0f} |")
+                     f"{cell(r['delta'])} | {r['s_per_step']:.2f} | {r['wall_s']:.0f} |")
     return lines + [""]
 
 
