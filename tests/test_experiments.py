@@ -648,7 +648,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def _committed_pages():
-    return sorted(p for p in RESULTS.glob("*.json")
+    return sorted(p for p in [*RESULTS.glob("*.json"), *RESULTS.glob("pilots/*/*.json")]
                   if json.loads(p.read_text()).get("experiment") in ("learning", "reshaping", "didpo",
                                                                      "credit", "mucode"))
 
