@@ -55,10 +55,6 @@ class Contrast:
             raise ValueError(f"contrast direction must be +1 or -1, got {self.direction}")
 
 
-CLAIM_ON = ("standard", "screened")
-"""The evaluations a claim may be read on (``ExperimentConfig.claim_on``)."""
-
-
 def primary_key(config) -> str:
     """The paired evaluation a training experiment's claim is read on, by its config (the
     dataclass or its record): the screened list (``paired_screened``) when ``claim_on`` is

@@ -199,13 +199,16 @@ class ExperimentConfig:
     Runs found in ``run_root`` come first."""
 
     def validate(self) -> None:
-        from labkit.experiments.claims import CLAIM_ON
-
         if self.claim_on not in CLAIM_ON:
             raise ValueError(f"claim_on must be one of {', '.join(CLAIM_ON)}, not {self.claim_on!r}")
         if self.claim_on == "screened" and not (self.screen_tasks and self.paired_tasks):
             raise ValueError("claim_on=screened reads the claim on the screened list: set "
                              "screen_tasks (e.g. 80) and keep paired_tasks above 0")
+
+
+CLAIM_ON = ("standard", "screened")
+"""The evaluations a claim may be read on (``ExperimentConfig.claim_on``;
+:func:`labkit.experiments.claims.primary_key`)."""
 
 
 SYNTHETIC_TEST_TIMEOUT_S = 0.25
