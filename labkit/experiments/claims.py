@@ -61,10 +61,10 @@ def primary_key(config) -> str:
     ``screened``; else the held-out tasks no trained-on reference solves (``paired_clean``)
     when training used templates other than the shipped model's SFT ones (``val``), else the
     whole held-out list (``paired``)."""
-    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
-    if get("claim_on", "standard") == "screened":
+    fields = config if isinstance(config, Mapping) else vars(config)
+    if fields.get("claim_on", "standard") == "screened":
         return "paired_screened"
-    return "paired_clean" if get("train_split") != "train" else "paired"
+    return "paired_clean" if fields.get("train_split") != "train" else "paired"
 
 
 Getter = Callable[[Mapping, "Contrast", str], tuple[Mapping | None, float | None]]

@@ -219,7 +219,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         if self.curriculum is None:
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
-        buckets = [bucket(RepairTask.from_dict(json.loads(t))) for t in dataset["task"]]
+        buckets = [bucket(self._sandbox_reward.task(t)) for t in dataset["task"]]  # its task cache
         return CurriculumRepeatSampler(
             buckets, self.curriculum, self.args.generation_batch_size // self.num_generations,
             self.num_generations, self.num_iterations * self.args.steps_per_generation,
