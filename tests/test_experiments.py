@@ -571,7 +571,13 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     wrong = res["analysis"]["drop"]["wrong_labels"]
     assert wrong["mean"] == pytest.approx(statistics.fmean(
         one["expert_iteration"][s] - one["ei_oracle"][s] for s in one["ei_oracle"]))
-    assert "wrong labels (`expert_iteration` - `ei_oracle`)" in (tmp_path / "mucode.md").read_text()
+    page = (tmp_path / "mucode.md").read_text()
+    assert "wrong labels (`expert_iteration` - `ei_oracle`)" in page
+    # the verifiers trained until their held-in loss stopped falling (at most 2 passes here)
+    assert "## The verifiers on held-out tasks" in page
+    last = res["training"]["0"]["expert_iteration"][-1]
+    assert 1 <= last["verifier/best_epoch"] <= last["verifier/epochs"] <= 2
+    assert len(res["bce_verifier"]["1"]["heldin_losses"]) == res["bce_verifier"]["1"]["epochs"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == 2

@@ -11,7 +11,7 @@ import torch
 from labkit.mucode.verifier import (VERIFIER_LOSSES, VerifierConfig, VerifierExample, auc,
                                     best_of_n_hit_rate, bt_loss, bt_pairs, build_verifier,
                                     bce_loss, evaluate_verifier, examples_from, pairwise_accuracy,
-                                    ranking_metrics, train_verifier)
+                                    ranking_metrics, train_verifier, heldin_loss)
 
 # ----------------------------------------------------------------------------- losses
 
@@ -126,6 +126,27 @@ def test_value_head_verifier_learns_a_separable_ranking(random_model_dir, loss):
     m = evaluate_verifier(v, ex)
     assert m["verifier/pairwise_acc"] == 1.0 and m["verifier/auc"] == 1.0
     assert m["verifier/bon_hit"] == 1.0
+
+
+def test_verifier_trains_until_the_heldin_loss_stops_falling(random_model_dir):
+    ex = _toy_examples()
+    flipped = [VerifierExample(e.group, e.text, 1.0 - e.label) for e in ex]
+    cfg = VerifierConfig(backbone=str(random_model_dir), loss="bt", epochs=15, lr=5e-3,
+                         tasks_per_batch=4, max_len=64, patience=2)
+    v = build_verifier(cfg)
+    info = train_verifier(v, ex, cfg, validation=flipped)
+    # learning the training ranking raises the loss on its flip from the first pass on
+    assert info["best_epoch"] == 1 and info["epochs"] == 1 + cfg.patience
+    assert len(info["heldin_losses"]) == info["epochs"]
+    # the weights kept are the best pass's: its loss, computed again
+    assert heldin_loss(v, flipped, cfg) == pytest.approx(min(info["heldin_losses"]), abs=1e-6)
+    # held in on its own training data, the loss falls for longer
+    v2 = build_verifier(cfg)
+    info2 = train_verifier(v2, ex, cfg, validation=ex)
+    assert info2["epochs"] > info["epochs"]
+    assert info2["heldin_losses"][info2["best_epoch"] - 1] == min(info2["heldin_losses"])
+    with pytest.raises(ValueError, match="patience"):
+        VerifierConfig(patience=-1).validate()
 
 
 def test_seqcls_and_lora_verifiers(random_model_dir):

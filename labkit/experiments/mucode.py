@@ -129,8 +129,8 @@ within a generator (:data:`CONTRASTS`)."""
 
 
 SMOKE = {"seeds": (0, 1), "train_problems": 6, "rollouts_per_task": 1, "iterations": 1,
-         "eval_tasks": 4, "sft_steps": 2, "turns": 2, "n_candidates": 2, "verifier_epochs": 1,
-         "pass_k": 2}
+         "eval_tasks": 4, "sft_steps": 2, "turns": 2, "n_candidates": 2, "verifier_epochs": 2,
+         "verifier_patience": 1, "pass_k": 2}
 """``--smoke``: every generator, two seeds, the whole pipeline in a few minutes."""
 
 
@@ -216,7 +216,11 @@ class Config:
     """Relabelled (prompt, expert program) pairs per SFT step."""
     verifier_epochs: int = 3
     """Passes over the collected data when training each verifier (the Bradley-Terry one of
-    every iteration and the BCE one)."""
+    every iteration and the BCE one); with ``verifier_patience``, at most this many."""
+    verifier_patience: int = 0
+    """Train each verifier until its held-in loss stops falling (``VerifierConfig.patience``):
+    the loss on the attempts of the training problems held out of verifier training, checked
+    after every pass; 0 = always ``verifier_epochs`` passes."""
     verifier_max_len: int = 256
     """Tokens per verifier input (problem statement + candidate), cut from the left so the
     program's end survives; shorter is faster but drops more of the statement."""
@@ -348,7 +352,7 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
                          temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                          batch_size=cfg.batch_size, seed=eval_seed(cfg, seed))
     vcfg = VerifierConfig(backbone=cfg.policy, loss="bt", epochs=cfg.verifier_epochs,
-                          max_len=cfg.verifier_max_len)
+                          patience=cfg.verifier_patience, max_len=cfg.verifier_max_len)
     runs, rows = {}, {}
     for gen in ("expert_iteration", *[g for g in cfg.generators if g != "expert_iteration"]):
         if (folder / gen).exists():  # an unfinished or different earlier run
@@ -374,7 +378,8 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
     t0 = time.time()
     bcfg = dataclasses.replace(vcfg, loss="bce", seed=derive_seed(seed, "bce_verifier"))
     bce = build_verifier(bcfg)
-    train_verifier(bce, [e for e in ei.data if e.group not in ei.held_out], bcfg)
+    binfo = train_verifier(bce, [e for e in ei.data if e.group not in ei.held_out], bcfg,
+                           validation=[e for e in ei.data if e.group in ei.held_out])
     timings["bce_verifier_s"] = round(time.time() - t0, 1)
     synthetic, humaneval = {}, {}
     for name, gen in (("start", start), *((g, runs[g].policy) for g in runs)):
@@ -394,7 +399,8 @@ def _run_seed(cfg: Config, seed: int, train, syn_eval, he_fit, start, sandbox,
                                         ei.verifier, bce, sandbox)
             timings[f"eval_humaneval_{name}_s"] = round(time.time() - t0, 1)
     result = {"fingerprint": want, "code": now, "cpu": provenance.cpu_model(), "seed": seed,
-              "runs": rows,
+              "runs": rows, "bce_verifier": {k: binfo[k] for k in ("epochs", "best_epoch",
+                                                                    "heldin_losses", "final_loss")},
               "verifier_heldout_tasks": len(ei.held_out), "synthetic": synthetic,
               "humaneval": humaneval, "timings_s": timings}
     cache.write_text(json.dumps(result, indent=1, default=float))
@@ -561,6 +567,7 @@ def run(cfg: Config) -> Path:
         **{k: v for k, v in summary.items() if k != "clean_tasks"},
         "analysis": analysis(summary),
         "training": {str(s): r["runs"] for s, r in per_seed.items()},
+        "bce_verifier": {str(s): r.get("bce_verifier") for s, r in per_seed.items()},
         "timings_s": {"per_seed_s": {str(s): round(sum(r["timings_s"].values()), 1)
                                      for s, r in per_seed.items()}},
         "paper": PAPER,
@@ -626,6 +633,50 @@ def _pts(change) -> str:
     return s + (f" [{100 * change['ci95'][0]:+.1f}, {100 * change['ci95'][1]:+.1f}]" if change.get("ci95") else "")
 
 
+def _ci(m: dict) -> str:
+    """``0.74 [0.66, 0.82]`` from a ``{mean, ci95}`` level, or n/a."""
+    if not m or m.get("mean") != m.get("mean"):
+        return "n/a"
+    return f"{m['mean']:.2f}" + (f" [{m['ci95'][0]:.2f}, {m['ci95'][1]:.2f}]" if m.get("ci95") else "")
+
+
+def _verifier_lines(r: dict) -> list[str]:
+    """The verifiers read on the held-out tasks (AUC with its interval over seeds) and how
+    long each trained."""
+    rank = r.get("verifier_ranking") or {}
+    if not rank:
+        return []
+    names = {"bt": "Bradley-Terry (the run's last)", "bce": "BCE (same data)"}
+    lines = ["", "## The verifiers on held-out tasks", "",
+             "Each verifier scores the turn-1 candidates of every held-out `test` task (other "
+             "templates than it trained on), labelled by the hidden tests; mean over seeds with "
+             "its 95% t interval. AUC 0.5 is chance.", "",
+             "| candidates of | verifier | AUC | within-task pairwise accuracy | "
+             "top-scored passes | random pick passes |", "|---|---|---|---|---|---|"]
+    for g, vs in rank.items():
+        for v, m in vs.items():
+            lines.append(f"| {g} | {names.get(v, v)} | {_ci(m['verifier/auc'])} | "
+                         f"{_ci(m['verifier/pairwise_acc'])} | {_ci(m['verifier/bon_hit'])} | "
+                         f"{_ci(m['verifier/bon_random'])} |")
+    rows = [(s, runs[GEN][-1]) for s, runs in r.get("training", {}).items()
+            if runs.get(GEN)]
+    if rows:
+        bce = r.get("bce_verifier") or {}
+        lines += ["", "How each seed's verifiers trained in the last iteration (examples: "
+                  "labelled attempts it trained on; passes run, and the pass kept by the lowest "
+                  "held-in loss, on the training problems held out of its data):", "",
+                  "| seed | examples (passing share) | Bradley-Terry passes / kept | "
+                  "held-in loss | BCE passes / kept |", "|---|---|---|---|---|"]
+        for s, row in rows:
+            b = bce.get(s) or {}
+            lines.append(f"| {s} | {row.get('verifier/data', 0)} "
+                         f"({row.get('verifier/data_pos_frac', float('nan')):.2f}) | "
+                         f"{row.get('verifier/epochs', 'n/a')} / {row.get('verifier/best_epoch', 'n/a')} | "
+                         f"{row.get('verifier/heldin_loss', float('nan')):.3f} | "
+                         f"{b.get('epochs', 'n/a')} / {b.get('best_epoch', 'n/a')} |")
+    return lines
+
+
 def render(r: dict) -> str:
     """The page of a mucode results JSON."""
     st, t = r["setting"], r["tasks"]
@@ -677,6 +728,7 @@ def render(r: dict) -> str:
     for n in names:
         lines.append(f"| {n} | " + " | ".join(
             f"{_pts(r['contrasts'][g].get(n))} ({_holm(holm.get(f'{g}: {n}'))})" for g in r["contrasts"]) + " |")
+    lines += _verifier_lines(r)
     lines += ["", "## What expert iteration taught", "",
               "| generator | seed | expert passes the hidden tests (last iteration) | SFT pairs |",
               "|---|---|---|---|"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -297,14 +298,20 @@ def collect(policy, tasks: Sequence[RepairTask], cfg: MucodeConfig, iteration: i
 def fit_verifier(data: Sequence[VerifierExample], held_ids: set[str], cfg: MucodeConfig,
                  iteration: int) -> tuple[Verifier, dict]:
     """Stage 2: a fresh verifier trained on the accumulated ``data`` minus the examples of
-    the held-out task ids (on which it is then measured: ``heldout/*``)."""
+    the held-out task ids (on which it is then measured: ``heldout/*``). With
+    ``VerifierConfig.patience`` those examples are also its held-in loss, which picks how long
+    it trains (so ``heldout/*`` is then slightly optimistic; an experiment reads its verifier
+    on tasks of other templates)."""
     t0 = time.time()
     fit_data = [e for e in data if e.group not in held_ids]
     held_data = [e for e in data if e.group in held_ids]
     vcfg = dataclasses.replace(cfg.verifier, seed=derive_seed(cfg.seed, "verifier", iteration))
     verifier = build_verifier(vcfg)
-    vinfo = train_verifier(verifier, fit_data or list(data), vcfg)
+    vinfo = train_verifier(verifier, fit_data or list(data), vcfg,
+                           validation=held_data if fit_data else ())
     row = {"verifier/train_loss": vinfo["final_loss"], "verifier/steps": vinfo["steps"],
+           "verifier/epochs": vinfo["epochs"], "verifier/best_epoch": vinfo["best_epoch"],
+           "verifier/heldin_loss": min(vinfo["heldin_losses"], default=math.nan),
            "verifier/data": len(data),
            "verifier/data_pos_frac": sum(e.label for e in data) / max(1, len(data))}
     if held_data:

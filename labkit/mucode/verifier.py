@@ -172,8 +172,18 @@ class VerifierConfig:
     weight_decay: float = 0.0
     """AdamW decoupled weight decay, on every trainable parameter (the head included)."""
     epochs: int = 3
-    """Passes over the examples, batches reshuffled each pass. 0 trains nothing: a
-    ``value_head`` verifier then scores every candidate 0, so its selectors pick the first."""
+    """Passes over the examples, batches reshuffled each pass (with ``patience``: at most this
+    many). 0 trains nothing: a ``value_head`` verifier then scores every candidate 0, so its
+    selectors pick the first."""
+    patience: int = 0
+    """Train until the held-in loss stops falling: after each pass, the loss on the
+    ``validation`` examples given to :func:`train_verifier` (held-in tasks: the training
+    distribution, not trained on), or without them the pass's mean training loss; stop after
+    ``patience`` passes without a fall of at least ``min_delta`` and keep the best pass's
+    weights. 0: always ``epochs`` passes."""
+    min_delta: float = 0.01
+    """The smallest fall of the held-in loss (relative: a share of the best so far) that
+    counts as falling (``patience``)."""
     tasks_per_batch: int = 8
     """Tasks per batch; all of a task's candidates (up to ``max_per_task``) go together,
     so Bradley-Terry pairs exist in every batch."""
@@ -200,6 +210,8 @@ class VerifierConfig:
             raise ValueError(f"unknown verifier kind {self.kind!r}; choose value_head or seqcls")
         if self.epochs < 0 or self.tasks_per_batch < 1 or self.max_len < 16:
             raise ValueError("epochs >= 0, tasks_per_batch >= 1 and max_len >= 16 are required")
+        if self.patience < 0 or not 0 <= self.min_delta < 1:
+            raise ValueError("patience >= 0 and 0 <= min_delta < 1 are required")
 
 
 def verifier_text(task: RepairTask, code: str) -> str:
@@ -344,9 +356,13 @@ def _batches(examples: Sequence[VerifierExample], cfg: VerifierConfig,
 
 def train_verifier(verifier: Verifier, examples: Sequence[VerifierExample],
                    config: VerifierConfig | None = None, *,
+                   validation: Sequence[VerifierExample] = (),
                    on_log: Callable[[dict], None] | None = None) -> dict:
     """Train in place with the configured loss; returns ``{steps, losses, final_loss,
-    pairs_per_batch}``. Batches hold whole tasks (see :class:`VerifierConfig`)."""
+    pairs_per_batch, epochs, best_epoch, heldin_losses}``. Batches hold whole tasks (see
+    :class:`VerifierConfig`). With ``config.patience``, passes stop once the held-in loss
+    (:func:`heldin_loss` on ``validation``, or the pass's mean training loss without it)
+    stops falling, and the weights of the pass where it was lowest are kept."""
     cfg = config or VerifierConfig()
     cfg.validate()
     if not examples:
@@ -359,7 +375,11 @@ def train_verifier(verifier: Verifier, examples: Sequence[VerifierExample],
     gid = {g: i for i, g in enumerate(sorted({e.group for e in examples}))}
     verifier.train()
     losses, pairs, step = [], [], 0
-    for _ in range(cfg.epochs):
+    heldin: list[float] = []
+    best, best_epoch, best_state = math.inf, 0, None  # the lowest held-in loss
+    ref, since = math.inf, 0  # the last fall of at least min_delta, and its pass
+    for epoch in range(1, cfg.epochs + 1):
+        first = len(losses)
         for idx in _batches(examples, cfg, rng):
             batch = [examples[i] for i in idx]
             enc = verifier.encode([e.text for e in batch])
@@ -376,10 +396,47 @@ def train_verifier(verifier: Verifier, examples: Sequence[VerifierExample],
             step += 1
             if on_log:
                 on_log({"verifier/step": step, "verifier/loss": losses[-1]})
+        if not cfg.patience:
+            continue
+        heldin.append(heldin_loss(verifier, validation, cfg) if validation else
+                      sum(losses[first:]) / max(1, len(losses) - first))
+        verifier.train()
+        if on_log:
+            on_log({"verifier/epoch": epoch, "verifier/heldin_loss": heldin[-1]})
+        if heldin[-1] < best:  # the lowest so far: keep its weights
+            best, best_epoch = heldin[-1], epoch
+            best_state = {k: v.detach().clone() for k, v in verifier.state_dict().items()}
+        if heldin[-1] < ref * (1 - cfg.min_delta):  # a fall that counts
+            ref, since = heldin[-1], epoch
+        if epoch - since >= cfg.patience:
+            break
+    if best_state is not None:
+        verifier.load_state_dict(best_state)
     verifier.eval()
     tail = losses[-10:] or [math.nan]
     return {"steps": step, "losses": losses, "final_loss": sum(tail) / len(tail),
-            "pairs_per_batch": sum(pairs) / max(1, len(pairs))}
+            "pairs_per_batch": sum(pairs) / max(1, len(pairs)),
+            "epochs": len(heldin) if cfg.patience else cfg.epochs,
+            "best_epoch": best_epoch if cfg.patience else cfg.epochs, "heldin_losses": heldin}
+
+
+@torch.no_grad()
+def heldin_loss(verifier: Verifier, examples: Sequence[VerifierExample],
+                config: VerifierConfig) -> float:
+    """The configured loss on ``examples``, every task whole in one batch of its own, averaged
+    over tasks (deterministic: no subsets, no shuffling; eval mode)."""
+    loss_fn = VERIFIER_LOSSES.get(config.loss)
+    by: dict[str, list[VerifierExample]] = {}
+    for e in examples:
+        by.setdefault(e.group, []).append(e)
+    verifier.eval()
+    out = []
+    for group in sorted(by):
+        batch = by[group]
+        scores = torch.tensor(verifier.score_texts([e.text for e in batch]))  # [n]
+        labels = torch.tensor([e.label for e in batch])  # [n]
+        out.append(loss_fn(scores, labels, torch.zeros(len(batch)), reg=config.reg).item())
+    return sum(out) / max(1, len(out))
 
 
 def evaluate_verifier(verifier: Verifier, examples: Sequence[VerifierExample]) -> dict:
