@@ -4,15 +4,16 @@ the credit experiment's agreement metrics on constructed cases."""
 
 import math
 import random
+import statistics
 
 import pytest
 import torch
 
 from conftest import toy_tasks
 from labkit.credit.advantages import AdvantageInput, compute_advantages, grpo
-from labkit.credit.fork_credit import (assign_to_tokens, didpo_fork, fork_sites, hunk_tokens,
+from labkit.credit.fork_credit import (assign_to_tokens, delta_moments, didpo_fork, fork_sites, hunk_tokens,
                                        needs_forks, normalise_deltas, spread_over_hunks)
-from labkit.loops.forks import ForkCreditConfig
+from labkit.policy.forking import ForkCreditConfig
 from labkit.sandbox.records import SandboxResult, Status
 from labkit.experiments.credit import (agreement, average_ranks, hunk_mean, sign_agreement,
                                        spearman)
@@ -35,6 +36,26 @@ def test_normalise_deltas_golden():
     assert normalise_deltas(dr, "none").tolist() == dr.tolist()
     with pytest.raises(ValueError, match="normalise must be"):
         normalise_deltas(dr, "zscore")
+
+
+def test_a_share_of_the_deltas_normalised_with_the_batchs_moments_is_the_batchs_slice():
+    """One process's forks, normalised with the moments summed over processes, equal its slice
+    of the whole batch normalised at once (rms and meanstd)."""
+    rng = random.Random(3)
+    parts = [torch.tensor([rng.choice([-1.0, 0.0, 0.5, 1.0]) for _ in range(n)], dtype=torch.float64)
+             for n in (5, 0, 7)]
+    whole = torch.cat(parts)
+    moments = tuple(sum(m) for m in zip(*(delta_moments(d) for d in parts)))
+    assert moments == pytest.approx(delta_moments(whole))
+    for mode in ("rms", "meanstd"):
+        got = torch.cat([normalise_deltas(d, mode, moments=moments) for d in parts])
+        assert torch.allclose(got, normalise_deltas(whole, mode), atol=1e-12)
+        # against the textbook formulas, written out
+        mean, sd = sum(whole.tolist()) / 12, statistics.stdev(whole.tolist())
+        rms = math.sqrt(sum(x * x for x in whole.tolist()) / 12)
+        naive = [x / (rms + 1e-6) for x in whole.tolist()] if mode == "rms" else \
+            [(x - mean) / (sd + 1e-6) for x in whole.tolist()]
+        assert got.tolist() == pytest.approx(naive, abs=1e-6)
 
 
 def test_fork_sites_and_assignment_golden():

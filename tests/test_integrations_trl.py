@@ -18,8 +18,10 @@ from labkit.credit.advantages import AdvantageInput, compute_advantages
 from labkit.env.feedback import FeedbackConfig, evaluate_many
 from labkit.env.tasks import load_tasks
 from labkit.env.task_sampling import CurriculumSampler
-from labkit.integrations.trl import (CurriculumRepeatSampler, DiDPOTrainer, SandboxReward, group_rows,
-                                     task_dataset)
+from labkit.credit.fork_credit import delta_moments
+from labkit.integrations.trl import (CurriculumRepeatSampler, DiDPOTrainer, ForkCreditTrainer,
+                                     SandboxReward, group_rows, task_dataset)
+from labkit.policy.forking import ForkCreditConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,6 +80,44 @@ def test_didpo_trainer_gives_labkits_per_token_credit(tmp_path):
     r = next(r for r in c["rollouts"] if r.offsets)
     assert "".join(r.completion[a:b] for a, b in r.offsets) == r.completion
     assert reward.history[-1]["rewards"] == pytest.approx(c["rewards"].tolist())
+
+
+def test_fork_credit_trainer_gives_labkits_fork_credit_and_its_baseline_follows(tmp_path):
+    """Two steps of ForkCreditTrainer: its advantages are labkit's didpo_fork estimator on the
+    forks it measured (dR = the sandbox reward of the row minus the fork's), and with
+    beta = 0 the EMA baseline is the policy after every step."""
+    reward = SandboxReward(feedback="dense", recipe_name="raw")
+    fork = ForkCreditConfig(strategy="uniform", fraction=0.05, budget=2, beta=0.0)
+    trainer, _ = _setup(tmp_path, ForkCreditTrainer, reward, fork=fork,
+                        fork_options={"lam": 0.5})
+    start = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    c = trainer.last_credit
+    sites = c["sites"]
+    assert len(sites.dr) > 0 and c["moments"] == pytest.approx(delta_moments(sites.dr))
+    # dR: the row's sandbox reward minus what the same reward gives the fork's program
+    forks = trainer._policy  # labkit's view of the same model
+    assert forks.model is trainer.accelerator.unwrap_model(trainer.model)
+    told = reward.history[-1]["rewards"]
+    rows = sites.row.tolist()
+    assert sites.dr.tolist() == pytest.approx([told[r] - x for r, x in zip(rows, c["counterfactual"])])
+    again, _ = reward.rewards([c["tasks"][r] for r in rows], c["fork_codes"])
+    assert again == pytest.approx(c["counterfactual"])  # dense feedback is deterministic
+    want = compute_advantages("didpo_fork", AdvantageInput(
+        c["rewards"], c["groups"], c["mask"], rollouts=c["rollouts"], tasks=c["tasks"],
+        forks=sites), lam=0.5)
+    assert torch.allclose(c["advantages"], want.advantages)
+    assert (c["advantages"] != want.advantages.new_zeros(1)).any()
+    # forks continue the row's own prompt
+    assert all(r.prompt_ids and r.temperature == 1.0 for r in c["rollouts"])
+    logged = [row for row in trainer.state.log_history if "fork/n" in row][-1]
+    assert logged["fork/n"] == len(sites.dr)
+    assert logged["fork/dr_rms"] == pytest.approx(float(sites.dr.pow(2).mean().sqrt()))
+    base = trainer._policy.baseline()
+    assert all(torch.equal(a, b) for a, b in zip(base.parameters(), trainer.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(base.parameters(), start))
+    with pytest.raises(ValueError, match="kl_to_baseline"):
+        _setup(tmp_path, ForkCreditTrainer, reward, fork=ForkCreditConfig(kl_to_baseline=True))
 
 
 def test_group_rows_against_a_naive_scan():

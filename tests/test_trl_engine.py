@@ -18,7 +18,8 @@ from labkit.policy.loading import weights_fingerprint
 
 
 @pytest.mark.parametrize("values, word", [
-    ({"estimator": "didpo_fork"}, "rollout stages"),
+    ({"estimator": "oracle_hunk"}, "rollout stages"),
+    ({"estimator": "didpo_fork", "fork.kl_to_baseline": True}, "kl_to_baseline"),
     ({"reshape": "reshaped"}, "advantage transforms"),
     ({"reshape.amplify": "piecewise"}, "advantage transforms"),
     ({"match_scale": True}, "match_scale"),
@@ -31,6 +32,9 @@ def test_the_trl_engine_refuses_what_it_cannot_train(values, word):
     assert refusal(TrainConfig()) is None
     assert refusal(apply_values(TrainConfig(), {"estimator": "didpo"})) is None
     assert refusal(apply_values(TrainConfig(), {"curriculum": True})) is None  # TRL's sampler is labkit's then
+    forks = apply_values(TrainConfig(), {"estimator": "didpo_fork", "tasks_per_step": 3})
+    assert refusal(forks) is None and refusal(forks, processes=3) is None
+    assert "groups on each process" in refusal(forks, processes=2)
     assert word in refusal(apply_values(TrainConfig(), values))
 
 
@@ -45,10 +49,10 @@ def test_grpo_config_carries_the_train_config(tmp_path):
 
 
 def test_a_method_the_engine_cannot_train_is_refused_before_anything_runs(tmp_path):
-    module = load("didpo")  # its methods hold didpo_fork, whose forks are labkit's stage
+    module = load("didpo")  # its methods hold the oracle, whose hunk values are labkit's stage
     exp = dataclasses.replace(smoke_config(module), engine="trl", out=str(tmp_path / "out"),
                               run_root=str(tmp_path / "runs"))
-    with pytest.raises(EngineError, match="didpo_fork.*rollout stages"):
+    with pytest.raises(EngineError, match="oracle_hunk.*rollout stages"):
         module.run(exp)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
     learning = load("learning")

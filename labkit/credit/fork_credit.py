@@ -22,13 +22,14 @@ the factual return minus the counterfactual one. The estimator:
 
 Everything here is a pure function of tensors and records; :func:`labkit.loops.forks.
 measure_forks` makes the forks, runs them and builds ``AdvantageInput.forks``
-(:func:`fork_sites`); :class:`labkit.loops.forks.ForkCreditConfig` holds how the trainer
+(:func:`fork_sites`); :class:`labkit.policy.forking.ForkCreditConfig` holds how the trainer
 makes them (``TrainConfig.fork``); the estimator's own options (``lam``, ``episode``,
 ``normalise``, ``spread``) go in ``TrainConfig.estimator_options``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Literal
@@ -59,7 +60,16 @@ def fork_sites(rows: Sequence[int], ts: Sequence[int], r_factual: Sequence[float
                      t=torch.tensor(list(ts), dtype=torch.long), dr=dr)
 
 
-def normalise_deltas(dr: torch.Tensor, mode: Normalise = "rms", eps: float = EPS) -> torch.Tensor:
+def delta_moments(dr: torch.Tensor) -> tuple[float, float, float]:
+    """``(F, sum_F dR, sum_F dR^2)`` of fork deltas ``dr [F]``: what :func:`normalise_deltas`
+    reads of a batch, additive over its parts (one process's forks: summed over processes,
+    the batch's)."""
+    dr = dr.to(torch.float64)
+    return float(dr.numel()), float(dr.sum()), float(dr.pow(2).sum())
+
+
+def normalise_deltas(dr: torch.Tensor, mode: Normalise = "rms", eps: float = EPS,
+                     moments: tuple[float, float, float] | None = None) -> torch.Tensor:
     """Batch normalisation of the fork deltas ``dr [F]``:
 
     * ``rms`` (default): ``dR / (sqrt(mean_F dR^2) + eps)``. Scale only: zero stays zero and
@@ -70,16 +80,22 @@ def normalise_deltas(dr: torch.Tensor, mode: Normalise = "rms", eps: float = EPS
       with no effect negative whenever the batch mean is positive: a bias towards
       penalising ineffective steps.
     * ``none``: ``dR`` as is (the reward scale).
+
+    ``moments``: the batch's :func:`delta_moments` when ``dr`` is a part of it (one process's
+    forks); the mean, RMS and std are then the batch's, ``mean = S_1 / F``,
+    ``rms = sqrt(S_2 / F)``, ``std = sqrt((S_2 - F mean^2) / (F - 1))``.
     """
+    if mode not in ("rms", "meanstd", "none"):
+        raise ValueError(f"normalise must be 'rms', 'meanstd' or 'none', not {mode!r}")
     if dr.numel() == 0 or mode == "none":
         return dr.clone()
+    n, s1, s2 = delta_moments(dr) if moments is None else moments
     if mode == "rms":
-        return dr / (dr.pow(2).mean().sqrt() + eps)  # [F]
-    if mode == "meanstd":
-        if dr.numel() == 1:
-            return dr.clone()
-        return (dr - dr.mean()) / (dr.std() + eps)  # [F]
-    raise ValueError(f"normalise must be 'rms', 'meanstd' or 'none', not {mode!r}")
+        return dr / (math.sqrt(max(s2, 0.0) / n) + eps)  # [F]
+    if n <= 1:
+        return dr.clone()
+    mean = s1 / n
+    return (dr - mean) / (math.sqrt(max(s2 - n * mean * mean, 0.0) / (n - 1)) + eps)  # [F]
 
 
 def assign_to_tokens(values: torch.Tensor, row: torch.Tensor, t: torch.Tensor,
@@ -143,7 +159,8 @@ def hunk_tokens(rollout: Rollout, buggy_code: str) -> list[tuple[int, ...]]:
 @ADVANTAGE_ESTIMATORS.register("didpo_fork", needs=("forks",), credit="token")
 def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
                normalise: Normalise = "rms", spread: Spread = "token", eps: float = EPS,
-               hunks: Sequence[Sequence[Sequence[int]]] | None = None) -> AdvantageOutput:
+               hunks: Sequence[Sequence[Sequence[int]]] | None = None,
+               moments: tuple[float, float, float] | None = None) -> AdvantageOutput:
     """Counterfactual-fork credit combined with the episode advantage:
 
     ``A(i, t) = [episode] A_E(i) + lambda * A_fork(i, t)``, ``A_E`` the GRPO advantage
@@ -154,7 +171,8 @@ def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
     Reads ``inp.forks`` (:func:`fork_sites`: ``row``, ``t``, ``dr`` of every fork);
     ``spread="hunk"`` also needs each row's hunks: ``hunks`` (per row, token tuples), or
     ``inp.rollouts`` and ``inp.tasks`` to compute them (:func:`hunk_tokens`). ``lam = 0`` is
-    exactly ``grpo``.
+    exactly ``grpo``. ``moments``: the whole batch's :func:`delta_moments` when these rows
+    are one process's share of it (the normalisation is then the batch's).
     """
     a_e, metrics = grpo(inp)  # [B, T]
     if inp.forks is None:
@@ -164,7 +182,7 @@ def didpo_fork(inp: AdvantageInput, lam: float = 1.0, episode: bool = True,
     forks = inp.forks
     B, T = inp.mask.shape
     dr = forks.dr.to(torch.float64)  # [F]
-    a_hat = normalise_deltas(dr, normalise, eps)  # [F]
+    a_hat = normalise_deltas(dr, normalise, eps, moments)  # [F]
     a_fork, hit = assign_to_tokens(a_hat, forks.row, forks.t, (B, T))  # [B, T]
     if spread == "hunk":
         if hunks is None:

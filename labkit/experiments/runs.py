@@ -132,7 +132,8 @@ def check_engine(exp: ExperimentConfig, methods: Sequence[str],
     if exp.engine != "trl":
         return
     for method in methods:
-        why = trl_engine.refusal(method_config(exp, method, exp.seeds[0], "-", shared, wall_steps or 1))
+        why = trl_engine.refusal(method_config(exp, method, exp.seeds[0], "-", shared, wall_steps or 1),
+                                 exp.processes)
         if why:
             raise trl_engine.EngineError(f"engine=trl cannot train method {method!r}: {why}; drop it from "
                              "methods or use engine=labkit")

@@ -27,8 +27,10 @@ points). An interrupted TRL run trains again from its start (runs are minutes lo
 tiny model); a finished one is reused as a labkit run is.
 
 A config the engine cannot train as asked is refused before anything trains
-(:func:`refusal`): estimators other than ``grpo`` and ``didpo`` (fork credit and the oracles
-need labkit's rollout stages), the advantage-side
+(:func:`refusal`): estimators other than ``grpo``, ``didpo`` and ``didpo_fork`` (the oracles
+and the hunk-value stages need labkit's rollout stages; fork credit trains with
+``ForkCreditTrainer``, which forks each process's rows, so ``tasks_per_step`` must split into
+whole groups over the processes, and its KL term stays TRL's, to the reference), the advantage-side
 transforms of reshaping (batch normalisation, EMA baseline, clipping, amplification, focus),
 GRPO's scale matching, LoRA, an entropy bonus, a KL estimator other than k3 and a policy
 loss other than PPO-clip.
@@ -61,18 +63,26 @@ class EngineError(ValueError):
 ENGINES = ("labkit", "trl")
 """What trains an experiment's runs: labkit's trainer, or TRL's."""
 
-ESTIMATORS = ("grpo", "didpo")
-"""The estimators the TRL engine trains: GRPO (``GRPOTrainer``), DiDPO (``DiDPOTrainer``)."""
+ESTIMATORS = ("grpo", "didpo", "didpo_fork")
+"""The estimators the TRL engine trains: GRPO (``GRPOTrainer``), DiDPO (``DiDPOTrainer``) and
+counterfactual-fork credit (``ForkCreditTrainer``)."""
 
 
 
-def refusal(cfg: TrainConfig) -> str | None:
-    """Why the TRL engine cannot train ``cfg`` as asked (one line), or ``None``."""
+def refusal(cfg: TrainConfig, processes: int = 1) -> str | None:
+    """Why the TRL engine cannot train ``cfg`` as asked on ``processes`` processes (one
+    line), or ``None``."""
     r, loss = cfg.reshape, cfg.loss
+    forks = cfg.estimator == "didpo_fork"
     reasons = [
         (cfg.estimator not in ESTIMATORS,
          f"estimator {cfg.estimator!r} needs labkit's rollout stages or credit; the TRL engine "
-         f"trains {' and '.join(ESTIMATORS)}"),
+         f"trains {', '.join(ESTIMATORS)}"),
+        (forks and cfg.fork.kl_to_baseline,
+         "fork.kl_to_baseline: TRL's KL term targets its reference model"),
+        (forks and cfg.tasks_per_step % processes,
+         f"fork credit standardises rewards within groups on each process: tasks_per_step "
+         f"({cfg.tasks_per_step}) must be a multiple of processes ({processes})"),
         (r.normalise != "none" or r.ema_baseline or r.adv_clip or r.amplify != "none"
          or r.focus_threshold,
          "reshaping's advantage transforms (normalise, ema_baseline, adv_clip, amplify, focus) "
@@ -107,7 +117,7 @@ def train(cfg: TrainConfig, processes: int = 1) -> None:
     (or ``processes`` under ``accelerate launch``), evaluate the final checkpoint. Raises
     :class:`EngineError` (one line) for a config :func:`refusal` refuses, or with the child's
     last lines when it fails."""
-    why = refusal(cfg)
+    why = refusal(cfg, processes)
     if why:
         raise EngineError(f"engine=trl cannot train this run: {why}")
     run = RunFolder(cfg.run_dir)

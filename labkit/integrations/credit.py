@@ -20,16 +20,19 @@ from labkit.policy.prompts import extract_code
 from labkit.policy.rollout import Rollout, token_offsets
 
 
-def rollout_from_ids(tokenizer, ids: Sequence[int], task_id: str, sample: int) -> Rollout:
+def rollout_from_ids(tokenizer, ids: Sequence[int], task_id: str, sample: int,
+                     prompt_ids: Sequence[int] = (), temperature: float = 1.0) -> Rollout:
     """One completion's :class:`Rollout` from its token ids (special tokens dropped from the
-    text, offsets exact: ``"".join(text[a:b] for a, b in offsets) == text``)."""
+    text, offsets exact: ``"".join(text[a:b] for a, b in offsets) == text``); ``prompt_ids``
+    (unpadded) and the sampling ``temperature`` where forks continue it."""
     ids = [int(i) for i in ids]
     text = tokenizer.decode(ids, skip_special_tokens=True)
     code = extract_code(text)
-    return Rollout(task_id=task_id, sample=sample, prompt="", prompt_ids=[], completion_ids=ids,
-                   logprobs=[0.0] * len(ids), completion=text, code=code,
+    return Rollout(task_id=task_id, sample=sample, prompt="", prompt_ids=[int(i) for i in prompt_ids],
+                   completion_ids=ids, logprobs=[0.0] * len(ids), completion=text, code=code,
                    code_start=text.find(code.rstrip("\n")) if code else -1,
-                   offsets=token_offsets(tokenizer, ids) if ids else [], finished=True)
+                   offsets=token_offsets(tokenizer, ids) if ids else [], finished=True,
+                   temperature=temperature)
 
 
 def didpo_credit(tokenizer, ids: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor,

@@ -21,6 +21,10 @@ DiDPO credit, with TRL doing generation (vLLM on a GPU) and the sharded training
   with labkit's learnability curriculum (:class:`~labkit.env.task_sampling.CurriculumSampler`,
   the sampler labkit's trainer uses) instead of a uniform permutation, steered by what the
   feedback regime told (:class:`CurriculumRepeatSampler`).
+* :class:`ForkCreditTrainer`: ``GRPOTrainer`` (the curriculum one) whose advantages are
+  labkit's counterfactual-fork credit ``A_E + lambda A_fork`` (``labkit.credit.fork_credit``):
+  each process forks its rows with labkit's forking (an EMA baseline proposes, the policy
+  continues), the sandbox reward scores the forks, the deltas are normalised over the batch.
 * :class:`DiDPOTrainer`: ``GRPOTrainer`` (the curriculum one) whose sequence advantages are replaced by labkit's
   per-token ``A_E + lambda A_D`` over diff anchors (``labkit.credit.anchors.didpo``), with
   exact token offsets from the tokenizer, on any number of processes (each builds the anchors
@@ -37,21 +41,28 @@ import json
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
+from labkit.credit.advantages import AdvantageInput, compute_advantages
+from labkit.credit.fork_credit import delta_moments, fork_sites
 from labkit.credit.reshaping import ReshapeConfig
 from labkit.env.feedback import FeedbackConfig, told_pass
 from labkit.env.records import RepairTask
 from labkit.env.task_sampling import CurriculumSampler, bucket
-from labkit.integrations.credit import didpo_credit
+from labkit.integrations.credit import didpo_credit, rollout_from_ids
 from labkit.integrations.scoring import SandboxScorer
+from labkit.policy.forking import ForkConfig, ForkCreditConfig, PositionConfig, fork_and_score
+from labkit.policy.loading import Policy, PolicyConfig
 from labkit.policy.prompts import extract_code, plain_prompt
+from labkit.seeding import derive_seed
 
 try:
     from accelerate.utils import gather_object
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError("labkit.integrations.trl needs TRL: pip install 'labkit[trl]' "
@@ -237,7 +248,43 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         return out
 
 
-class DiDPOTrainer(CurriculumGRPOTrainer):
+class _CreditTrainer(CurriculumGRPOTrainer):
+    """A trainer that replaces TRL's advantages with labkit's credit: it keeps TRL's
+    rewards of the batch (the weighted sum of the reward functions, gathered over
+    processes)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.last_credit: dict | None = None
+        self._rewards_per_func: torch.Tensor | None = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards_per_func  # gathered over processes (TRL's contract)
+        return rewards_per_func
+
+    def _batch_rewards(self, rows: int) -> torch.Tensor:
+        """The whole batch's rewards ``[N B]`` (``B = rows``, this process's rows), the weighted
+        sum TRL standardises."""
+        n = self.accelerator.num_processes
+        rewards = torch.nansum(self._rewards_per_func * self.reward_weights.to(
+            self._rewards_per_func.device).unsqueeze(0), dim=1).double().cpu()  # [N B]
+        if len(rewards) != n * rows:
+            raise RuntimeError(f"{type(self).__name__}: {len(rewards)} gathered rewards for {n} "
+                               f"processes of {rows} rows; every process must hold the same "
+                               "number of rows")
+        return rewards
+
+    def _set_advantages(self, out: dict, advantages: torch.Tensor) -> None:
+        """This process's ``[B, T]`` credit as TRL's advantages (cut or padded to TRL's width)."""
+        local = out["completion_mask"]
+        adv = torch.zeros(local.shape, dtype=torch.float32)  # [B, T] of this process
+        width = min(adv.size(1), advantages.size(1))
+        adv[:, :width] = advantages[:, :width]
+        out["advantages"] = adv.to(local.device)
+
+
+class DiDPOTrainer(_CreditTrainer):
     """``GRPOTrainer`` with DiDPO's per-token credit (arXiv 2608.07147), on any number of
     processes.
 
@@ -265,13 +312,6 @@ class DiDPOTrainer(CurriculumGRPOTrainer):
     def __init__(self, *args, didpo_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.didpo_options = dict(didpo_options or {})
-        self.last_credit: dict | None = None
-        self._rewards_per_func: torch.Tensor | None = None
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._rewards_per_func = rewards_per_func  # gathered over processes (TRL's contract)
-        return rewards_per_func
 
     def _gather_completions(self, ids: torch.Tensor, lengths: torch.Tensor):
         """Every process's completion ids (right-padded to the longest) and lengths, in process
@@ -292,11 +332,7 @@ class DiDPOTrainer(CurriculumGRPOTrainer):
         mode = "train" if self.model.training else "eval"
         G = self.num_generations if mode == "train" else self.num_generations_eval
         n, p, B = self.accelerator.num_processes, self.accelerator.process_index, len(inputs)
-        rewards = torch.nansum(self._rewards_per_func * self.reward_weights.to(
-            self._rewards_per_func.device).unsqueeze(0), dim=1).double().cpu()  # [N B]
-        if len(rewards) != n * B:
-            raise RuntimeError(f"DiDPOTrainer: {len(rewards)} gathered rewards for {n} processes "
-                               f"of {B} rows; every process must hold the same number of rows")
+        rewards = self._batch_rewards(B)  # [N B]
         ids, lengths = out["completion_ids"], out["completion_mask"].sum(1)
         nbytes = seconds = 0.0
         lo, hi = group_rows(p, B, G)
@@ -319,11 +355,7 @@ class DiDPOTrainer(CurriculumGRPOTrainer):
         self.last_credit = {"rollouts": rollouts, "tasks": tasks, "rewards": rewards[lo:hi],
                             "groups": groups, "mask": mask, "advantages": credit.advantages,
                             "rows": range(lo, hi), "own": mine}
-        local = out["completion_mask"]
-        adv = torch.zeros(local.shape, dtype=torch.float32)  # [B, T] of this process
-        width = min(adv.size(1), credit.advantages.size(1))
-        adv[:, :width] = credit.advantages[mine, :width]
-        out["advantages"] = adv.to(local.device)
+        self._set_advantages(out, credit.advantages[mine])
         return out
 
     def _log_didpo(self, credit, G: int, own: tuple[int, int], lengths: torch.Tensor,
@@ -346,3 +378,135 @@ class DiDPOTrainer(CurriculumGRPOTrainer):
                   "gather_s": slowest[7], "gather_bytes": slowest[8]}
         for k, v in values.items():
             self._metrics[mode][f"didpo/{k}"].append(v)
+
+
+class _BaselineFollows(TrainerCallback):
+    """After every optimizer step, the EMA baseline follows the policy
+    (``theta_b <- beta theta_b + (1 - beta) theta``), as labkit's fork stage does."""
+
+    def __init__(self, trainer: ForkCreditTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t = self.trainer
+        if t.fork.baseline == "ema" and t._policy is not None:
+            t._policy.update_baseline(t.fork.beta)
+
+
+class ForkCreditTrainer(_CreditTrainer):
+    """``GRPOTrainer`` with labkit's counterfactual-fork credit (the ``didpo_fork`` estimator,
+    :mod:`labkit.credit.fork_credit`), on any number of processes.
+
+    After TRL has generated and scored a batch, each process forks its own rows as labkit's
+    fork stage does (:func:`labkit.policy.forking.fork_and_score` with ``fork``, a
+    :class:`~labkit.policy.forking.ForkCreditConfig`): positions chosen per rollout, a baseline
+    policy proposing ``a != y_t`` (the EMA of the policy, updated after every optimizer step,
+    or the frozen start), the current policy continuing at TRL's temperature, top-p and
+    completion length, every fork's program rewarded by the :class:`SandboxReward` (which must
+    be among ``reward_funcs``; ``dR = R(factual) - R(fork)`` with that reward's own values).
+    The advantages are then ``A(i, t) = A_E(i) + lambda A_fork(i, t)`` (``fork_options``:
+    ``lam``, ``episode``, ``normalise``, ``spread``), ``A_E`` standardised within each group
+    of TRL's rewards.
+
+    Several processes: each must hold whole groups (``per_device_train_batch_size`` a multiple
+    of ``num_generations``), and the deltas are normalised over the whole batch: each process's
+    ``(F, sum dR, sum dR^2)`` (:func:`~labkit.credit.fork_credit.delta_moments`) is summed over
+    processes first. The ``fork/*`` metrics are the batch's (counts summed, times the slowest
+    process's). ``last_credit`` keeps this process's rollouts, tasks, rewards, groups, mask,
+    fork sites, the batch's moments, the forks' programs and rewards, and the advantages. Forks are skipped in evaluation (TRL's
+    advantages stand there); the KL term stays TRL's, to the reference model
+    (``kl_to_baseline`` is refused)."""
+
+    def __init__(self, *args, fork: ForkCreditConfig | None = None,
+                 fork_options: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fork = fork or ForkCreditConfig()
+        self.fork.validate()
+        if self.fork.kl_to_baseline:
+            raise ValueError("fork.kl_to_baseline: TRL's KL term targets its reference model; "
+                             "train with kl_to_baseline=false")
+        if self._sandbox_reward is None:
+            raise ValueError("fork credit rewards every fork as the batch was: give a "
+                             "SandboxReward in reward_funcs")
+        if self.args.per_device_train_batch_size % self.num_generations:
+            raise ValueError(f"fork credit standardises rewards within groups on each process: "
+                             f"per_device_train_batch_size ({self.args.per_device_train_batch_size}) "
+                             f"must be a multiple of num_generations ({self.num_generations})")
+        self.fork_options = dict(fork_options or {})
+        self._policy: Policy | None = None
+        self.add_callback(_BaselineFollows(self))
+
+    def _fork_policy(self) -> Policy:
+        """labkit's view of the model TRL trains (the same parameters), with its baseline."""
+        if self._policy is None:
+            model = self.accelerator.unwrap_model(self.model)
+            self._policy = Policy(model, self.processing_class,
+                                  PolicyConfig(spec=str(model.config.name_or_path), reference="none"),
+                                  next(model.parameters()).device, torch.float32,
+                                  Path(str(model.config.name_or_path)))
+            self._policy.baseline()  # the start: frozen, or the EMA's first value
+        return self._policy
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return out
+        n, p, B, G = (self.accelerator.num_processes, self.accelerator.process_index, len(inputs),
+                      self.num_generations)
+        rewards = self._batch_rewards(B)[p * B:(p + 1) * B]  # [B] this process's rows
+        told = self._sandbox_reward.history[-1]  # the sandbox reward of these rows, in order
+        tasks = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
+        lengths = out["completion_mask"].sum(1).tolist()
+        rollouts = [
+            rollout_from_ids(self.processing_class, ids[:k].tolist(), task.task_id, (p * B + b) % G,
+                             prompt_ids=pids[pmask.bool()].tolist(), temperature=self.temperature)
+            for b, (ids, k, pids, pmask, task) in enumerate(zip(
+                out["completion_ids"].cpu(), lengths, out["prompt_ids"].cpu(),
+                out["prompt_mask"].cpu(), tasks))]
+        step = self.state.global_step
+        policy = self._fork_policy()
+        got = fork_and_score(
+            policy, rollouts, tasks,
+            lambda ts, codes: self._sandbox_reward.rewards(ts, codes, step=step, seed=derive_seed(
+                self.args.seed, "fork-feedback", step, p))[0],
+            PositionConfig(self.fork.strategy, self.fork.fraction, self.fork.budget,
+                           seed=derive_seed(self.args.seed, "fork-positions", step, p)),
+            ForkConfig(temperature=self.temperature, top_p=self.top_p,
+                       max_new_tokens=self.max_completion_length, stop_strings=(),
+                       batch_size=self.fork.batch_size,
+                       seed=derive_seed(self.args.seed, "fork", step, p)))
+        sites = fork_sites(got.rows, [f.t for f in got.batch.forks],
+                           [told["rewards"][b] for b in got.rows], got.counterfactual)
+        moments = torch.tensor(delta_moments(sites.dr), dtype=torch.float64)  # [3]
+        if n > 1:
+            moments = self.accelerator.gather(moments.to(self.accelerator.device)).view(n, 3).sum(0)
+        moments = tuple(moments.cpu().tolist())
+        mask = out["completion_mask"].detach().cpu().double()
+        groups = [(p * B + b) // G for b in range(B)]
+        credit = compute_advantages("didpo_fork", AdvantageInput(
+            rewards, groups, mask, rollouts=rollouts, tasks=tasks, forks=sites),
+            **{**self.fork_options, "moments": moments})
+        self._log_forks(got, moments)
+        self.last_credit = {"rollouts": rollouts, "tasks": tasks, "rewards": rewards,
+                            "groups": groups, "mask": mask, "sites": sites, "moments": moments,
+                            "fork_codes": [f.rollout.code for f in got.batch.forks],
+                            "counterfactual": got.counterfactual, "advantages": credit.advantages}
+        self._set_advantages(out, credit.advantages)
+        return out
+
+    def _log_forks(self, got, moments: tuple[float, float, float]) -> None:
+        """``fork/*`` of the whole batch: forks and differing ones summed over processes, the
+        deltas' mean and RMS from the batch's moments, the slowest process's times."""
+        forks = got.batch.forks
+        local = [len(forks), sum(f.differs for f in forks), got.gen_s, got.exec_s]
+        stats = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.gather(stats).view(self.accelerator.num_processes, -1)
+        stats = stats.view(-1, len(local)).cpu()
+        total, slowest = stats.sum(0).tolist(), stats.max(0).values.tolist()
+        F, s1, s2 = moments
+        values = {"n": total[0], "differs_frac": total[1] / max(total[0], 1.0),
+                  "dr_mean": s1 / F if F else 0.0, "dr_rms": (s2 / F) ** 0.5 if F else 0.0,
+                  "gen_s": slowest[2], "exec_s": slowest[3]}
+        for k, v in values.items():
+            self._metrics["train"][f"fork/{k}"].append(v)

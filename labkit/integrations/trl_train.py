@@ -4,7 +4,8 @@ The child process of the experiments' TRL engine (:mod:`labkit.experiments.trl_e
 writes ``RUN_DIR/config.json``, evaluates the start and the end, and launches this module,
 under ``accelerate launch`` for several processes). It reads the config as the plain record
 it is (this floor sits below the trainer's), maps it onto TRL's ``GRPOConfig``
-(:func:`grpo_config`), trains ``GRPOTrainer`` (``DiDPOTrainer`` for the ``didpo`` estimator;
+(:func:`grpo_config`), trains ``GRPOTrainer`` (``DiDPOTrainer`` for the ``didpo`` estimator,
+``ForkCreditTrainer`` for ``didpo_fork``;
 both with labkit's curriculum when the config asks for it, ``CurriculumGRPOTrainer``)
 with labkit's :class:`~labkit.integrations.trl.SandboxReward` on the run's training tasks,
 and writes (process 0) ``metrics.jsonl`` (TRL's log of every step, ``reward/mean`` and
@@ -32,7 +33,9 @@ from labkit.credit.reshaping import ReshapeConfig
 from labkit.env.feedback import FeedbackConfig
 from labkit.env.task_sampling import CurriculumSampler, TaskConfig, run_tasks
 from labkit.integrations import TRL_LOSS_TYPES
-from labkit.integrations.trl import CurriculumGRPOTrainer, DiDPOTrainer, SandboxReward, task_dataset
+from labkit.integrations.trl import (CurriculumGRPOTrainer, DiDPOTrainer, ForkCreditTrainer,
+                                     SandboxReward, task_dataset)
+from labkit.policy.forking import ForkCreditConfig
 from labkit.policy.loading import resolve_spec
 from labkit.sandbox.config import SandboxConfig
 from labkit.sandbox.pool import Sandbox
@@ -92,8 +95,14 @@ def main(argv: list[str] | None = None) -> None:
     kwargs = dict(model=model, reward_funcs=[reward], train_dataset=task_dataset(tasks),
                   processing_class=tok, args=grpo_config(cfg, state.num_processes, run / "trl"),
                   curriculum=CurriculumSampler() if cfg["curriculum"] else None)
-    trainer = (DiDPOTrainer(**kwargs, didpo_options=dict(cfg["estimator_options"]))
-               if cfg["estimator"] == "didpo" else CurriculumGRPOTrainer(**kwargs))
+    options = dict(cfg["estimator_options"])
+    if cfg["estimator"] == "didpo":
+        trainer = DiDPOTrainer(**kwargs, didpo_options=options)
+    elif cfg["estimator"] == "didpo_fork":
+        trainer = ForkCreditTrainer(**kwargs, fork=from_dict(ForkCreditConfig, cfg["fork"]),
+                                    fork_options=options)
+    else:
+        trainer = CurriculumGRPOTrainer(**kwargs)
     step_s: list[float] = []
 
     class Clock(TrainerCallback):

@@ -17,7 +17,7 @@ from labkit.credit.reshaping import ReshapeConfig, check_regime
 from labkit.env.feedback import FeedbackConfig
 from labkit.env.task_sampling import TaskConfig
 from labkit.sandbox.config import SandboxConfig
-from labkit.loops.forks import ForkCreditConfig
+from labkit.loops.forks import ForkCreditConfig  # imported here, it also registers the fork stage
 from labkit.loops.hunks import HunkConfig
 from labkit.runs.trackers import TrackerConfig, report_to_names
 from labkit.policy.loading import PolicyConfig

@@ -15,11 +15,9 @@ measurement, the KL target, the EMA update and its checkpoint state.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -28,48 +26,7 @@ from labkit.credit.fork_credit import fork_sites
 from labkit.env.records import RepairTask, Rollout
 from labkit.loops.stages import Score, Stage, StepContext, register_stage
 from labkit.policy import forking as fk
-
-
-@dataclass
-class ForkCreditConfig:
-    """How the trainer makes the forks of ``didpo_fork`` (``TrainConfig.fork``).
-
-    Cost per step: ``sum_i min(budget, ceil(fraction * n_i))`` forks, each one baseline
-    forward row, one re-encoded position and up to ``max_new_tokens - t - 1`` generated
-    tokens, then one sandbox run; the trainer logs it as ``fork/*`` and ``time/fork``.
-    """
-
-    strategy: str = "uniform"
-    """Where to fork: ``uniform``, ``diff`` (tokens inside the edit) or ``entropy`` (the
-    policy's least sure steps), :data:`labkit.policy.forking.POSITION_STRATEGIES`."""
-    fraction: float = 0.2
-    """Forks per completion token (the reading's ~20% step sub-sampling)."""
-    budget: int = 8
-    """At most this many forks per rollout: bounds the cost of long completions."""
-    baseline: Literal["ema", "frozen"] = "ema"
-    """Who proposes the alternative token: ``ema``, ``theta_b <- beta theta_b + (1 - beta)
-    theta`` after every step, or ``frozen``, the starting policy. Both are saved in the
-    checkpoint (``baseline.pt``)."""
-    beta: float = 0.99
-    """EMA decay of the ``ema`` baseline (closer to 1: slower to follow the policy)."""
-    kl_to_baseline: bool = False
-    """Point the KL term (``loss.kl_coef``, ``loss.kl_estimator``) at the baseline instead of
-    the reference policy: ``beta_KL * KL(pi || pi_b)``, as in the reading."""
-    batch_size: int = 64
-    """Forks per ``generate`` call."""
-
-    def validate(self) -> None:
-        if self.strategy not in fk.POSITION_STRATEGIES:
-            raise ValueError(f"fork.strategy {self.strategy!r} is not a position strategy; "
-                             f"registered: {sorted(fk.POSITION_STRATEGIES)}")
-        if not 0 < self.fraction <= 1 or self.budget < 1 or self.batch_size < 1:
-            raise ValueError("fork.fraction must be in (0, 1], fork.budget and "
-                             "fork.batch_size >= 1")
-        if not 0 <= self.beta < 1:
-            raise ValueError("fork.beta must be in [0, 1)")
-        if self.baseline not in ("ema", "frozen"):
-            raise ValueError(f"fork.baseline must be 'ema' or 'frozen', not {self.baseline!r}")
-
+from labkit.policy.forking import ForkCreditConfig
 
 
 @dataclass
@@ -104,27 +61,18 @@ def measure_forks(policy, rollouts: Sequence[Rollout], tasks: Sequence[RepairTas
                   entropy: Sequence[Sequence[float]] | None = None) -> ForkMeasurement:
     """Fork ``rollouts`` (row ``b`` for task ``tasks[b]``, factual reward ``factual[b]``) at
     positions chosen by ``positions``, continue each fork with the current policy, score the
-    forks with ``score`` and return ``dR = factual - R(fork)`` per fork.
+    forks with ``score`` (:func:`labkit.policy.forking.fork_and_score`) and return
+    ``dR = factual - R(fork)`` per fork.
 
     ``baseline`` proposes the alternatives (default ``policy.baseline()``); ``kv`` are the
     factual prefix caches of :func:`labkit.policy.rollout.sample_with_cache`; ``entropy`` the
     per-token entropies the ``entropy`` position strategy needs (computed when missing)."""
-    t0 = time.time()
-    if positions.strategy == "entropy" and entropy is None:
-        entropy = fk.token_entropy(policy.model, rollouts, policy.tokenizer.pad_token_id,
-                                   fork_config.temperature)
-    where = fk.choose_positions(rollouts, positions,
-                                buggy_code={t.task_id: t.buggy_code for t in tasks}, entropy=entropy)
-    batch = fk.fork(policy, rollouts, where, fork_config, kv=kv,
-                    baseline=policy.baseline() if baseline is None else baseline)
-    gen_s = time.time() - t0
-    t0 = time.time()
-    parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
-    rows = [parent[(f.task_id, f.parent_sample)] for f in batch.forks]
-    counter = [float(x) for x in score([tasks[b] for b in rows], [f.rollout.code for f in batch.forks])]
-    exec_s = time.time() - t0
-    sites = fork_sites(rows, [f.t for f in batch.forks], [factual[b] for b in rows], counter)
-    return ForkMeasurement(sites, batch, rows, counter, [list(p) for p in where], gen_s, exec_s)
+    got = fk.fork_and_score(policy, rollouts, tasks, score, positions, fork_config, kv=kv,
+                            baseline=baseline, entropy=entropy)
+    sites = fork_sites(got.rows, [f.t for f in got.batch.forks], [factual[b] for b in got.rows],
+                       got.counterfactual)
+    return ForkMeasurement(sites, got.batch, got.rows, got.counterfactual, got.positions,
+                           got.gen_s, got.exec_s)
 
 
 # ============================================================================= the stage

@@ -754,6 +754,90 @@ def fork(policy, rollouts: Sequence[Rollout], positions: Sequence[Sequence[int]]
     return batch
 
 
+# ============================================================================= a trainer's forks
+
+
+@dataclass
+class ForkCreditConfig:
+    """How a trainer makes the forks of ``didpo_fork`` (``TrainConfig.fork``; TRL's
+    ``ForkCreditTrainer``).
+
+    Cost per step: ``sum_i min(budget, ceil(fraction * n_i))`` forks, each one baseline
+    forward row, one re-encoded position and up to ``max_new_tokens - t - 1`` generated
+    tokens, then one sandbox run; the trainer logs it as ``fork/*`` and ``time/fork``.
+    """
+
+    strategy: str = "uniform"
+    """Where to fork: ``uniform``, ``diff`` (tokens inside the edit) or ``entropy`` (the
+    policy's least sure steps), :data:`POSITION_STRATEGIES`."""
+    fraction: float = 0.2
+    """Forks per completion token (the reading's ~20% step sub-sampling)."""
+    budget: int = 8
+    """At most this many forks per rollout: bounds the cost of long completions."""
+    baseline: Literal["ema", "frozen"] = "ema"
+    """Who proposes the alternative token: ``ema``, ``theta_b <- beta theta_b + (1 - beta)
+    theta`` after every step, or ``frozen``, the starting policy. Both are saved in the
+    checkpoint (``baseline.pt``)."""
+    beta: float = 0.99
+    """EMA decay of the ``ema`` baseline (closer to 1: slower to follow the policy)."""
+    kl_to_baseline: bool = False
+    """Point the KL term (``loss.kl_coef``, ``loss.kl_estimator``) at the baseline instead of
+    the reference policy: ``beta_KL * KL(pi || pi_b)``, as in the reading."""
+    batch_size: int = 64
+    """Forks per ``generate`` call."""
+
+    def validate(self) -> None:
+        if self.strategy not in POSITION_STRATEGIES:
+            raise ValueError(f"fork.strategy {self.strategy!r} is not a position strategy; "
+                             f"registered: {sorted(POSITION_STRATEGIES)}")
+        if not 0 < self.fraction <= 1 or self.budget < 1 or self.batch_size < 1:
+            raise ValueError("fork.fraction must be in (0, 1], fork.budget and "
+                             "fork.batch_size >= 1")
+        if not 0 <= self.beta < 1:
+            raise ValueError("fork.beta must be in [0, 1)")
+        if self.baseline not in ("ema", "frozen"):
+            raise ValueError(f"fork.baseline must be 'ema' or 'frozen', not {self.baseline!r}")
+
+
+@dataclass
+class ScoredForks:
+    """Forks of one batch, made and scored (:func:`fork_and_score`)."""
+
+    batch: ForkBatch
+    """The forks themselves (tokens, lineage, cost statistics)."""
+    rows: list[int]
+    """The parent row of every fork."""
+    counterfactual: list[float]
+    """``R(fork)`` of every fork, as the caller's ``score`` rewards it."""
+    positions: list[list[int]]
+    """The positions chosen in each rollout."""
+    gen_s: float
+    exec_s: float
+
+
+def fork_and_score(policy, rollouts: Sequence[Rollout], tasks: Sequence, score,
+                   positions: PositionConfig, config: ForkConfig, *, kv=None, baseline=None,
+                   entropy: Sequence[Sequence[float]] | None = None) -> ScoredForks:
+    """Fork ``rollouts`` (row ``b`` for task ``tasks[b]``) at positions chosen by ``positions``
+    (:func:`choose_positions`; ``entropy`` computed with :func:`token_entropy` when the
+    strategy needs it and none is given), continue each fork with the current policy
+    (:func:`fork`) and score every fork's program with ``score(tasks, codes) -> rewards``."""
+    t0 = time.time()
+    if positions.strategy == "entropy" and entropy is None:
+        entropy = token_entropy(policy.model, rollouts, policy.tokenizer.pad_token_id,
+                                config.temperature)
+    where = choose_positions(rollouts, positions,
+                             buggy_code={t.task_id: t.buggy_code for t in tasks}, entropy=entropy)
+    batch = fork(policy, rollouts, where, config, kv=kv,
+                 baseline=policy.baseline() if baseline is None else baseline)
+    gen_s = time.time() - t0
+    t0 = time.time()
+    parent = {(r.task_id, r.sample): b for b, r in enumerate(rollouts)}
+    rows = [parent[(f.task_id, f.parent_sample)] for f in batch.forks]
+    counter = [float(x) for x in score([tasks[b] for b in rows], [f.rollout.code for f in batch.forks])]
+    return ScoredForks(batch, rows, counter, [list(p) for p in where], gen_s, time.time() - t0)
+
+
 # ============================================================================= edits
 
 
