@@ -84,3 +84,48 @@ def test_learning_smoke_with_trl_on_two_processes_writes_its_page(tmp_path):
         # a finished TRL run is found again as the experiment builds its config, not trained again
         cfg = method_config(exp, "grpo", seed, str(run))
         assert finished_run(run, cfg, weights=weights_fingerprint(exp.policy))
+
+
+def test_a_page_sets_the_other_engines_page_beside_it_paired_by_seed_and_task(tmp_path):
+    """learning.json (labkit) and then learning-trl.json (TRL) in one folder: the TRL page's
+    'Both engines' section holds TRL - labkit, paired by seed and task id (the TRL page lists
+    its tasks in another order), equal to a naive difference; other settings are not set side
+    by side."""
+    import random
+    import statistics
+
+    from labkit.experiments import stats
+    from labkit.experiments.pages import engine_comparison, page_text, write_page
+
+    rng = random.Random(0)
+    ids = [f"t{i}" for i in range(12)]
+    lab = {s: [rng.choice([-0.25, 0.0, 0.25, 0.5]) for _ in ids] for s in (0, 1, 2)}
+    trl = {s: [rng.choice([-0.25, 0.0, 0.25]) for _ in ids] for s in (0, 1, 2)}
+    order = list(reversed(range(12)))
+
+    def results(engine, per, task_order):
+        change = stats.paired_change({s: [v[i] for i in task_order] for s, v in per.items()},
+                                     [ids[i] for i in task_order])
+        return {"experiment": "learning", "config": {"engine": engine, "seeds": [0, 1, 2],
+                                                     "steps": 10, "out": "x"},
+                "methods": {"grpo": {"paired_change": change}}, "page": None}
+
+    render = lambda r: "# page"
+    write_page(results("labkit", lab, range(12)), tmp_path, render)
+    r = results("trl", trl, order)
+    r["page"] = "learning-trl"
+    md = write_page(r, tmp_path, render)
+    saved = json.loads(md.with_suffix(".json").read_text())
+    row = saved["engines"]["methods"]["grpo"]
+    naive = statistics.fmean(trl[s][i] - lab[s][i] for s in (0, 1, 2) for i in range(12))
+    assert row["trl_minus_labkit"]["mean"] == pytest.approx(naive, abs=1e-12)
+    assert row["trl_minus_labkit"]["per_seed"]["0"] == pytest.approx(
+        statistics.fmean(trl[0][i] - lab[0][i] for i in range(12)), abs=1e-12)
+    text = md.read_text()
+    assert "## Both engines" in text and "| grpo |" in text and text == page_text(render, saved)
+    other = results("labkit", lab, range(12))
+    other["config"]["steps"] = 20
+    assert engine_comparison({**r, "config": {**r["config"]}}, tmp_path)["comparable"]
+    (tmp_path / "learning.json").write_text(json.dumps(other))
+    got = engine_comparison(r, tmp_path)
+    assert not got["comparable"] and got["differs"] == ["steps"]

@@ -42,11 +42,14 @@ def write_page(results: dict, out: str | Path, render: Callable[[dict], str],
     check_publishable(results, out)
     out.mkdir(parents=True, exist_ok=True)
     results.setdefault("code_commit", code_commit())
+    other = engine_comparison(results, out)
+    if other is not None:
+        results["engines"] = other
     path = out / f"{name}.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     data = json.loads(path.read_text())
     md = out / f"{name}.md"
-    md.write_text(render(data).rstrip("\n") + "\n")
+    md.write_text(page_text(render, data))
     if figure is not None:
         figure(data, out)
     return md
@@ -70,7 +73,7 @@ def restat(json_path: str | Path) -> Path:
     path.write_text(json.dumps(data, indent=1) + "\n")
     data = json.loads(path.read_text())
     md = path.with_suffix(".md")
-    md.write_text(module.render(data).rstrip("\n") + "\n")
+    md.write_text(page_text(module.render, data))
     figure = getattr(module, "figure", curves_figure)
     figure(data, path.parent)
     return md
@@ -94,7 +97,75 @@ def check_publishable(results: Mapping, out: Path) -> None:
 def rerender(json_path: str | Path) -> str:
     """The page of a committed results JSON, rendered again by its experiment's ``render``."""
     data = json.loads(Path(json_path).read_text())
-    return load(data["experiment"].split("/")[0]).render(data).rstrip("\n") + "\n"
+    return page_text(load(data["experiment"].split("/")[0]).render, data)
+
+
+def page_text(render: Callable[[dict], str], data: Mapping) -> str:
+    """A page: its experiment's ``render`` of the JSON, then the engines side by side where
+    the JSON holds them (:func:`engine_comparison`)."""
+    return "\n".join([render(data).rstrip("\n"), *engine_lines(data)]).rstrip("\n") + "\n"
+
+
+# ----------------------------------------------------------------------------- both engines
+
+ENGINE_FREE = ("engine", "processes", "out", "run_root", "reuse_finished", "allow_code_drift",
+               "reuse_recorded", "report_to")
+"""Config fields that may differ between the two engines' pages of one experiment."""
+
+
+def engine_comparison(results: Mapping, out: str | Path) -> dict | None:
+    """The experiment's page of the other engine in ``out`` (``<name>-trl`` beside ``<name>``),
+    set beside this one: per method both engines' paired changes and ``trl - labkit``, paired
+    by seed and task (:func:`labkit.experiments.stats.difference`: the same held-out tasks and
+    evaluation seeds, so only training differs). ``None`` without such a page; a page whose
+    settings differ beyond :data:`ENGINE_FREE` gives ``comparable: false`` and the fields."""
+    engine = (results.get("config") or {}).get("engine", "labkit")
+    name = page_name(results)
+    other_name = name[: -len("-trl")] if engine == "trl" else f"{name}-trl"
+    path = Path(out) / f"{other_name}.json"
+    if not path.exists():
+        return None
+    other = json.loads(path.read_text())
+    mine, theirs = results.get("config") or {}, other.get("config") or {}
+    differs = sorted(k for k in set(mine) | set(theirs)
+                     if k not in ENGINE_FREE and mine.get(k) != theirs.get(k))
+    out_rec = {"page": other_name, "comparable": not differs, "differs": differs, "methods": {}}
+    if differs:
+        return out_rec
+    by = {engine: results, theirs.get("engine", "labkit"): other}
+    if set(by) != {"labkit", "trl"}:
+        return None
+    for m in results.get("methods", {}):
+        a = by["labkit"].get("methods", {}).get(m, {}).get("paired_change")
+        b = by["trl"].get("methods", {}).get(m, {}).get("paired_change")
+        if a and b:
+            out_rec["methods"][m] = {"labkit": stats.compact(a), "trl": stats.compact(b),
+                                     "trl_minus_labkit": stats.compact(stats.difference(a, b)),
+                                     "processes": {"labkit": by["labkit"]["config"].get("processes", 1),
+                                                   "trl": by["trl"]["config"].get("processes", 1)}}
+    return out_rec
+
+
+def engine_lines(results: Mapping) -> list[str]:
+    """The section of :func:`engine_comparison`'s record."""
+    eng = results.get("engines")
+    if not eng:
+        return []
+    lines = ["", "## Both engines", ""]
+    if not eng["comparable"]:
+        return lines + [f"`{eng['page']}` is this experiment on the other engine, but with other "
+                        f"settings ({', '.join(eng['differs'])}): not set side by side.", ""]
+    lines += [f"The same experiment trained by labkit's trainer and by TRL (`{eng['page']}` is the "
+              "other page): the same methods, seeds, held-out tasks and evaluation seeds, so "
+              "`TRL - labkit` is paired by seed and task and only the training differs. An "
+              "interval that includes 0 says the engines agree within this design's noise.", "",
+              "| method | labkit change | TRL change | TRL - labkit | P(TRL better) |",
+              "|---|---|---|---|---|"]
+    for m, row in eng["methods"].items():
+        d = row["trl_minus_labkit"]
+        poi = f"{d['poi']:.2f}" if d and d.get("poi") is not None else "n/a"
+        lines.append(f"| {m} | {cell(row['labkit'])} | {cell(row['trl'])} | {cell(d)} | {poi} |")
+    return lines + [""]
 
 
 # ----------------------------------------------------------------------------- blocks
