@@ -457,8 +457,8 @@ class ForkCreditTrainer(_CreditTrainer):
         told = self._sandbox_reward.history[-1]  # the sandbox reward of these rows, in order
         tasks = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
         lengths = out["completion_mask"].sum(1).tolist()
-        rollouts = [
-            rollout_from_ids(self.processing_class, ids[:k].tolist(), task.task_id, (p * B + b) % G,
+        rollouts = [  # ``sample``: the batch row, unique even where a task fills two groups
+            rollout_from_ids(self.processing_class, ids[:k].tolist(), task.task_id, p * B + b,
                              prompt_ids=pids[pmask.bool()].tolist(), temperature=self.temperature)
             for b, (ids, k, pids, pmask, task) in enumerate(zip(
                 out["completion_ids"].cpu(), lengths, out["prompt_ids"].cpu(),
