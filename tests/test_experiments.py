@@ -575,6 +575,7 @@ def test_experiment_mucode_over_seeds_tiny_budget_and_reuses_finished_seeds(tmp_
     assert "wrong labels (`expert_iteration` - `ei_oracle`)" in page
     # the verifiers trained until their held-in loss stopped falling (at most 2 passes here)
     assert "## The verifiers on held-out tasks" in page
+    assert "Training stopped after 1 pass(es) without a 1% fall of the held-in loss, or at 2 passes" in page
     last = res["training"]["0"]["expert_iteration"][-1]
     assert 1 <= last["verifier/best_epoch"] <= last["verifier/epochs"] <= 2
     assert len(res["bce_verifier"]["1"]["heldin_losses"]) == res["bce_verifier"]["1"]["epochs"]

@@ -674,6 +674,14 @@ def _verifier_lines(r: dict) -> list[str]:
                          f"{row.get('verifier/epochs', 'n/a')} / {row.get('verifier/best_epoch', 'n/a')} | "
                          f"{row.get('verifier/heldin_loss', float('nan')):.3f} | "
                          f"{b.get('epochs', 'n/a')} / {b.get('best_epoch', 'n/a')} |")
+        cap, patience = r["config"].get("verifier_epochs"), r["config"].get("verifier_patience")
+        if patience:
+            ran = [row.get("verifier/epochs") for _, row in rows] + \
+                  [(bce.get(s) or {}).get("epochs") for s, _ in rows]
+            full = sum(e == cap for e in ran)
+            lines += ["", f"Training stopped after {patience} pass(es) without a 1% fall of the "
+                      f"held-in loss, or at {cap} passes: {full} of the {len(ran)} verifiers above "
+                      f"ran all {cap} (their held-in loss was still falling or had just stopped)."]
     return lines
 
 
