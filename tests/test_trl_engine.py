@@ -5,10 +5,12 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from labkit.config import apply_values
 from labkit.experiments import load
 from labkit.experiments.config import smoke_config
+from labkit.experiments.paired import policy_at
 from labkit.experiments.runs import finished_run, method_config
 from labkit.config import to_dict
 from labkit.experiments.trl_engine import EngineError, refusal
@@ -23,7 +25,6 @@ from labkit.policy.loading import weights_fingerprint
     ({"reshape": "reshaped"}, "advantage transforms"),
     ({"reshape.amplify": "piecewise"}, "advantage transforms"),
     ({"match_scale": True}, "match_scale"),
-    ({"policy.lora": True}, "LoRA"),
     ({"loss.entropy_coef": 0.01}, "entropy"),
     ({"loss.kl_coef": 0.01, "loss.kl_estimator": "k1"}, "k3"),
     ({"loss.agg": "seq-mean-token-sum-norm"}, "loss_type"),
@@ -63,8 +64,10 @@ def test_a_method_the_engine_cannot_train_is_refused_before_anything_runs(tmp_pa
 
 @pytest.mark.slow
 def test_learning_smoke_with_trl_on_two_processes_writes_its_page(tmp_path):
+    """With LoRA, as a real checkpoint trains: TRL's adapters are saved under the names labkit's
+    LoRA policy gives them, so the paired evaluation loads them."""
     module = load("learning")
-    exp = dataclasses.replace(smoke_config(module), engine="trl", processes=2, seeds=(0,),
+    exp = dataclasses.replace(smoke_config(module), engine="trl", processes=2, seeds=(0,), lora=True,
                               out=str(tmp_path / "out"), run_root=str(tmp_path / "runs"))
     page = module.run(exp)
     assert page.name == "learning-trl.md"  # beside the labkit engine's page, never over it
@@ -80,6 +83,11 @@ def test_learning_smoke_with_trl_on_two_processes_writes_its_page(tmp_path):
         assert all("trl/kl" in r and "reward/mean" in r for r in rows)  # TRL trained it
         assert [e["step"] for e in evals] == [0, exp.steps]
         assert (run / "checkpoints" / f"step_{exp.steps:06d}" / "COMPLETE").exists()
+        saved = torch.load(run / "checkpoints" / f"step_{exp.steps:06d}" / "trainable.pt")
+        trained = policy_at(run)
+        names = {n for n, p in trained.model.named_parameters() if p.requires_grad}
+        assert set(saved) == names and all("lora_" in n for n in names)
+        assert any(float(saved[n].abs().sum()) > 0 for n in names if "lora_B" in n)  # B moved from 0
         assert json.loads((run / "provenance.json").read_text())["started"]["code"]
         # a finished TRL run is found again as the experiment builds its config, not trained again
         cfg = method_config(exp, "grpo", seed, str(run))

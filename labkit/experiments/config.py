@@ -159,6 +159,10 @@ class ExperimentConfig:
     policy: str = "tiny"
     """The starting policy (``policy.spec``): ``tiny`` or a local Hugging Face causal-LM folder.
     Every run keeps a KL reference (``reference: auto``, ``kl_coef`` 0.01)."""
+    lora: bool = False
+    """Train LoRA adapters (peft; ``PolicyConfig``'s rank, alpha and the architecture's default
+    targets) instead of every weight: what a real checkpoint on a GPU trains. The KL reference
+    is then the model with its adapters disabled; both engines train the same adapters."""
     report_to: str = "none"
     """Experiment trackers every run reports to (``TrainConfig.report_to``), comma-separated:
     tensorboard, wandb, mlflow, trackio, or none. Where a run is watched is not part of what
@@ -222,7 +226,7 @@ def base_train_config(exp: ExperimentConfig, seed: int, run_dir: str) -> TrainCo
     """The training config of one run of ``exp`` (seed ``seed``, folder ``run_dir``)."""
     return from_dict(TrainConfig, {
         "run_dir": run_dir, "seed": seed, "steps": exp.steps, "tasks_per_step": exp.tasks_per_step,
-        "policy": {"spec": exp.policy, "reference": "auto"},
+        "policy": {"spec": exp.policy, "reference": "auto", "lora": exp.lora},
         "sampling": {"group_size": exp.group_size, "temperature": exp.temperature, "max_new_tokens": 320,
                      "sampler": exp.sampler, "parallel_chunks": exp.parallel_chunks},
         "tasks": {"source": "synthetic", "train_problems": exp.train_problems,

@@ -32,7 +32,7 @@ and the hunk-value stages need labkit's rollout stages; fork credit trains with
 ``ForkCreditTrainer``, which forks each process's rows, so ``tasks_per_step`` must split into
 whole groups over the processes, and its KL term stays TRL's, to the reference), the advantage-side
 transforms of reshaping (batch normalisation, EMA baseline, clipping, amplification, focus),
-GRPO's scale matching, LoRA, an entropy bonus, a KL estimator other than k3 and a policy
+GRPO's scale matching, an entropy bonus, a KL estimator other than k3 and a policy
 loss other than PPO-clip.
 """
 
@@ -88,7 +88,6 @@ def refusal(cfg: TrainConfig, processes: int = 1) -> str | None:
          "reshaping's advantage transforms (normalise, ema_baseline, adv_clip, amplify, focus) "
          "act in labkit's credit pipeline; TRL standardises per group"),
         (cfg.match_scale, "match_scale (GRPO's scale) is labkit's credit pipeline's"),
-        (cfg.policy.lora, "LoRA runs are saved as adapters the labkit checkpoint does not hold"),
         (loss.entropy_coef != 0, "TRL's GRPO loss has no entropy bonus"),
         (loss.kl_coef and loss.kl_estimator != "k3", "TRL's KL estimator is k3"),
         (loss.policy_loss != "ppo_clip", "TRL's policy loss is PPO-clip"),

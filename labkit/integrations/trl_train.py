@@ -8,7 +8,8 @@ it is (this floor sits below the trainer's), maps it onto TRL's ``GRPOConfig``
 ``ForkCreditTrainer`` for ``didpo_fork``;
 both with labkit's curriculum when the config asks for it, ``CurriculumGRPOTrainer``)
 with labkit's :class:`~labkit.integrations.trl.SandboxReward` on the run's training tasks,
-and writes (process 0) ``metrics.jsonl`` (TRL's log of every step, ``reward/mean`` and
+LoRA adapters where the config's policy asks for them (``peft_config``, the same adapters labkit's
+policy makes), and writes (process 0) ``metrics.jsonl`` (TRL's log of every step, ``reward/mean`` and
 ``time/step`` beside TRL's own figures under ``trl/``) and the final checkpoint in the lab's
 format (``checkpoints/step_<steps>/trainable.pt`` and ``COMPLETE``), which the paired
 evaluation loads as it loads a labkit run's.
@@ -36,7 +37,7 @@ from labkit.integrations import TRL_LOSS_TYPES
 from labkit.integrations.trl import (CurriculumGRPOTrainer, DiDPOTrainer, ForkCreditTrainer,
                                      SandboxReward, task_dataset)
 from labkit.policy.forking import ForkCreditConfig
-from labkit.policy.loading import resolve_spec
+from labkit.policy.loading import PolicyConfig, lora_config, resolve_spec
 from labkit.sandbox.config import SandboxConfig
 from labkit.sandbox.pool import Sandbox
 
@@ -92,9 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     reward = SandboxReward(feedback=from_dict(FeedbackConfig, cfg["feedback"]),
                            recipe_name=from_dict(ReshapeConfig, cfg["reshape"]),
                            sandbox=Sandbox(from_dict(SandboxConfig, cfg["sandbox"])), keep=1)
+    policy = from_dict(PolicyConfig, cfg["policy"])
     kwargs = dict(model=model, reward_funcs=[reward], train_dataset=task_dataset(tasks),
                   processing_class=tok, args=grpo_config(cfg, state.num_processes, run / "trl"),
-                  curriculum=CurriculumSampler() if cfg["curriculum"] else None)
+                  curriculum=CurriculumSampler() if cfg["curriculum"] else None,
+                  peft_config=lora_config(model, policy) if policy.lora else None)
     options = dict(cfg["estimator_options"])
     if cfg["estimator"] == "didpo":
         trainer = DiDPOTrainer(**kwargs, didpo_options=options)
@@ -120,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         ckpt = run / "checkpoints" / f"step_{cfg['steps']:06d}"
         ckpt.mkdir(parents=True, exist_ok=True)
         trained = trainer.accelerator.unwrap_model(trainer.model)
-        torch.save({k: v.detach().cpu() for k, v in trained.named_parameters()},
-                   ckpt / "trainable.pt")
+        torch.save({k: v.detach().cpu() for k, v in trained.named_parameters() if v.requires_grad},
+                   ckpt / "trainable.pt")  # LoRA: the adapters, named as labkit's policy names them
         (ckpt / "COMPLETE").write_text("")
     state.wait_for_everyone()
 

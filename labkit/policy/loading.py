@@ -291,10 +291,18 @@ def load_policy(spec: str | PolicyConfig = "tiny", **overrides) -> Policy:
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     if cfg.lora:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        targets = lora_targets_for(model, tuple(cfg.lora_targets))
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                                 lora_dropout=cfg.lora_dropout,
-                                                 target_modules=targets, task_type="CAUSAL_LM"))
+        model = get_peft_model(model, lora_config(model, cfg))
     return Policy(model, tok, cfg, device, dtype, path)
+
+
+def lora_config(model, cfg: PolicyConfig):
+    """peft's ``LoraConfig`` of ``cfg`` (rank, alpha, dropout, targets checked against
+    ``model``): the one labkit's policy and TRL's trainer (``peft_config``) both wrap a model
+    with, so their adapters' parameters have the same names."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=lora_targets_for(model, tuple(cfg.lora_targets)),
+                      task_type="CAUSAL_LM")
