@@ -685,6 +685,15 @@ def _verifier_lines(r: dict) -> list[str]:
     return lines
 
 
+GENERATOR_TEXT = {
+    "expert_iteration": "muCODE: every turn relabelled with the verifier's local expert",
+    "ei_filtered": "the expert used only when it passes the public tests",
+    "ei_oracle": "control: correct experts only",
+    "sft_self": "control: the same fine-tune on the model's own correct samples, no relabelling",
+}
+"""How the page describes each generator."""
+
+
 def render(r: dict) -> str:
     """The page of a mucode results JSON."""
     st, t = r["setting"], r["tasks"]
@@ -692,11 +701,11 @@ def render(r: dict) -> str:
     what = (f"Expert iteration from `{st['model']}` on {st['train_problems']} synthetic problems of "
             f"the `{st['train_split']}` templates x {st['rollouts_per_task']} rollouts x {st['turns']} "
             f"turns, {st['iterations']} iterations of {st['sft_steps']} SFT steps, one run per "
-            "generator and seed. Generators: `expert_iteration` (muCODE: every turn relabelled "
-            "with the verifier's local expert), `ei_filtered` (the expert used only when it "
-            "passes the public tests), and two controls: `ei_oracle` (correct experts only) and "
-            "`sft_self` (the same fine-tune on the model's own correct samples, no relabelling). "
-            f"Evaluation, paired: {st['eval_tasks']} held-out `test` tasks, N = {st['n_candidates']} "
+            "generator and seed. Generators: "
+            + "; ".join(f"`{g}` ({GENERATOR_TEXT.get(g, METHODS[g].label)})" for g in r["generators"])
+            + (f" (not trained here: {', '.join(f'`{g}`' for g in GENERATOR_TEXT if g not in r['generators'])})"
+               if set(GENERATOR_TEXT) - set(r["generators"]) else "")
+            + f". Evaluation, paired: {st['eval_tasks']} held-out `test` tasks, N = {st['n_candidates']} "
             f"candidates a turn, T = {st['turns']} turns, temperature {st['temperature']}; the "
             "`oracle` selector reads the hidden tests (the ceiling of selection). Changes are in "
             "pass-rate units (0.01 = one point).")
