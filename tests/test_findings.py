@@ -145,6 +145,20 @@ def test_the_seen_column_reads_each_experiments_signed_positive_control():
     assert findings.SEEN["learning"](record(None, "supported")).startswith("yes")
     assert findings.plain(record(False)).endswith(findings.CONTROL_FAILED)
     assert findings.plain(record(True, "supported")) == findings.PLAIN["didpo"]["supported"]
+    # a page with two claims gives two rows, each read against its own controls
+    two = record(True)
+    second = {"role": "claim", "label": "learned verifier - random pick, multi-turn BoN",
+              "direction": 1, "size_abs": 0.058, "verdict": "refuted at this scale", "why": "",
+              "change": two["primary"]["contrasts"][0]["change"], "mde": 0.03, "testbed_sees": False}
+    two["primary"]["contrasts"] += [second, {
+        "role": "positive", "label": "oracle - random", "of": second["label"], "passed": False,
+        "why": "the control failed: its interval includes 0", "change": second["change"]}]
+    assert findings._claims(two) == [two["primary"]["contrasts"][0], second]
+    assert findings.SEEN["didpo"](two, second) == ("no: oracle - random +0.050 (its interval "
+                                                   "includes 0), detectable 0.030")
+    assert findings.plain(two, second) == (findings.PLAIN_CLAIMS[second["label"]]["refuted at this scale"]
+                                           + findings.CONTROL_FAILED)
+    assert findings.SEEN["didpo"](two).startswith("yes: oracle - b")  # the first claim's, as before
 
 
 def test_every_finding_is_one_short_sentence():

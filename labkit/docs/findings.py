@@ -41,9 +41,23 @@ def _words(change: Mapping | None) -> str:
     return f"{_num(change['mean'])} {stats.interval_text(change.get('ci95'))}"
 
 
-def _claim_sentence(r: Mapping) -> str:
-    """The claim's row: its change, and its verdict against the claimed size."""
-    claim = claims.claim_of(r.get("primary"))
+def _of_claim(r: Mapping, claim: Mapping | None, key: str):
+    """``claim[key]`` (``mde``, ``testbed_sees``), or the record's top-level one (its first
+    claim's) where the claim's row does not carry it."""
+    if claim and key in claim:
+        return claim[key]
+    return (r.get("primary") or {}).get(key)
+
+
+def _claims(r: Mapping) -> list[Mapping | None]:
+    """The record's claims, each a row of the table (``[None]``: a record without claims)."""
+    return [c for c in (r.get("primary") or {}).get("contrasts", []) if c["role"] == "claim"] or [None]
+
+
+def _claim_sentence(r: Mapping, claim: Mapping | None = None) -> str:
+    """The claim's row: its change, and its verdict against the claimed size (``claim``: one
+    of the record's claims; default its first)."""
+    claim = claim or claims.claim_of(r.get("primary"))
     if not claim:
         return "no claim was read (the record predates primary contrasts)"
     size = claim.get("size_abs")
@@ -55,29 +69,30 @@ UNKNOWN = "not known: no positive control was run"
 """The "could this testbed see it?" cell of an experiment without a positive control."""
 
 
-def _seen(r: Mapping) -> str:
-    """The "could this testbed see it?" cell: whether the signed positive controls passed,
-    with the first one's change and the claim's smallest detectable effect."""
+def _seen(r: Mapping, claim: Mapping | None = None) -> str:
+    """The "could this testbed see it?" cell of ``claim`` (default the first): whether its
+    signed positive controls passed, with the first one's change and the claim's smallest
+    detectable effect."""
     prim = r.get("primary")
-    positives = claims.controls_of(prim, "positive")
-    mde = (prim or {}).get("mde")
+    claim = claim or claims.claim_of(prim)
+    positives = claims.controls_of(prim, "positive", of=claim["label"] if claim else None)
+    mde = _of_claim(r, claim, "mde")
     detect = f", detectable {mde:.3f}" if mde else ""
     if not positives:
-        claim = claims.claim_of(prim)
         if claim and claim.get("verdict") == "supported":
             return "yes: the claimed effect itself is shown"
         return UNKNOWN
     if all(p.get("change") is None for p in positives):
         return "not known: its positive control was not run"
     first = positives[0]
-    if prim.get("testbed_sees"):
+    if _of_claim(r, claim, "testbed_sees"):
         return f"yes: {first['label']} {_num(first['change']['mean'])}, passed{detect}"
     failed = next(p for p in positives if not p["passed"])
     why = failed["why"].removeprefix("the control failed: ")
     return f"no: {failed['label']} {_num((failed.get('change') or {}).get('mean'))} ({why}){detect}"
 
 
-def _credit(r: Mapping) -> str:
+def _credit(r: Mapping, claim: Mapping | None = None) -> str:
     est = r["agreement"]["all"]["estimators"]
     names = {"didpo": "DiDPO", "didpo_group_mean (non-paper)": "group-mean", "didpo_fork": "fork"}
     within = ", ".join(f"{names[lab]} {est[lab]['within']:+.2f}" for lab in names
@@ -87,15 +102,15 @@ def _credit(r: Mapping) -> str:
     return f"Within-rollout agreement of hunk credit with Shapley values: {within}{verdict}."
 
 
-def _mucode(r: Mapping) -> str:
-    claim = claims.claim_of(r.get("primary"))
+def _mucode(r: Mapping, claim: Mapping | None = None) -> str:
+    claim = claim or claims.claim_of(r.get("primary"))
     if not claim:
         rel = (r.get("controls") or {}).get("relabelling", {})
         return f"Expert iteration minus start, one sample: {_words(rel.get('claim'))}."
-    return _claim_sentence(r)
+    return _claim_sentence(r, claim)
 
 
-ROWS: dict[str, Callable[[Mapping], str]] = {
+ROWS: dict[str, Callable[..., str]] = {
     "learning": _claim_sentence,
     "reshaping": _claim_sentence,
     "didpo": _claim_sentence,
@@ -104,7 +119,7 @@ ROWS: dict[str, Callable[[Mapping], str]] = {
 }
 """The experiment -> its sentence (:func:`table`)."""
 
-SEEN: dict[str, Callable[[Mapping], str]] = {name: _seen for name in ROWS}
+SEEN: dict[str, Callable[..., str]] = {name: _seen for name in ROWS}
 """The experiment -> its "could this testbed see it?" cell, from its signed positive control."""
 
 PLAIN: dict[str, dict[str, str]] = {
@@ -147,19 +162,30 @@ PLAIN: dict[str, dict[str, str]] = {
 """A newcomer's sentence per page (an experiment's name where it writes one page) and verdict
 (the glossary explains the terms)."""
 
+PLAIN_CLAIMS: dict[str, dict[str, str]] = {
+    "learned verifier - random pick, multi-turn BoN": {
+        "supported": "A learned verifier picks better programs than chance, as muCODE found.",
+        "refuted at this scale": "A learned verifier picks programs no better than chance here.",
+        "undecided": "Not yet known whether a learned verifier picks better programs than chance.",
+    },
+}
+"""The sentence of a page's second or later claim, by the claim's label (a page's first claim
+takes its page's sentence, :data:`PLAIN`)."""
+
 CONTROL_FAILED = " (Its control failed.)"
 CONTROL_NOT_RUN = " (Its control was not run.)"
 
 
-def plain(r: Mapping) -> str:
-    """The finding in plain words: the sentence for its claim's verdict, and a warning when
-    its positive control failed."""
-    claim = claims.claim_of(r.get("primary"))
+def plain(r: Mapping, claim: Mapping | None = None) -> str:
+    """The finding of ``claim`` (default the record's first) in plain words: the sentence
+    for its verdict, and a warning when its positive control failed or was not run."""
+    claim = claim or claims.claim_of(r.get("primary"))
     if not claim:
         return "This record predates the lab's claims; it decides nothing yet."
-    said = PLAIN.get(r.get("page") or r["experiment"], PLAIN[r["experiment"]])[claim["verdict"]]
-    sees = (r.get("primary") or {}).get("testbed_sees")
-    if sees is None and claims.controls_of(r.get("primary"), "positive"):
+    by = PLAIN_CLAIMS.get(claim["label"]) or PLAIN.get(r.get("page") or r["experiment"], PLAIN[r["experiment"]])
+    said = by[claim["verdict"]]
+    sees = _of_claim(r, claim, "testbed_sees")
+    if sees is None and claims.controls_of(r.get("primary"), "positive", of=claim["label"]):
         return said + CONTROL_NOT_RUN
     return said + (CONTROL_FAILED if sees is False else "")
 
@@ -186,15 +212,17 @@ def _sorted_records(results_dir: str | Path = RESULTS) -> list[tuple[Path, dict]
 
 
 def rows(results_dir: str | Path = RESULTS) -> list[tuple[str, str, str]]:
-    """``(sentence, could this testbed see it, page file name)`` per record, in the order of
-    :data:`ROWS`: the README's table and the lab report's front page both show these."""
-    return [(ROWS[data["experiment"]](data), SEEN[data["experiment"]](data),
-             path.with_suffix(".md").name) for path, data in _sorted_records(results_dir)]
+    """``(sentence, could this testbed see it, page file name)`` per claim of every record
+    (one row for a record without claims), in the order of :data:`ROWS`: the README's table
+    and the lab report's front page both show these."""
+    return [(ROWS[data["experiment"]](data, claim), SEEN[data["experiment"]](data, claim),
+             path.with_suffix(".md").name)
+            for path, data in _sorted_records(results_dir) for claim in _claims(data)]
 
 
 def plain_rows(results_dir: str | Path = RESULTS) -> list[str]:
-    """:func:`plain` per record, in the order of :func:`rows`."""
-    return [plain(data) for _, data in _sorted_records(results_dir)]
+    """:func:`plain` per claim of every record, in the order of :func:`rows`."""
+    return [plain(data, claim) for _, data in _sorted_records(results_dir) for claim in _claims(data)]
 
 
 SEEN_HEADER = "could this testbed see it?"
