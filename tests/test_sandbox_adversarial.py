@@ -1129,11 +1129,18 @@ def test_bits_left_in_the_page_cache_are_not_readable_by_the_next_check(sandbox)
     refused = _page_cache_checks(sandbox, [("evict", "refused"), ("load", [True, "refused"]),
                                            ("probe", ["refused", "refused"])])
     assert all(r.ok for r in refused), [r.outcomes for r in refused]
+    # the control: without the filter the bit goes through. The page cache is the host's, so
+    # another process reading the same file between two checks (a parallel test worker) can
+    # flip it: the channel must work in one of three tries, not in every one
+    tries = []
     with Sandbox(SandboxConfig(workers=1, use_seccomp=False)) as unfiltered:
-        channel = _page_cache_checks(unfiltered, [
-            ("load", [True, "read ahead"]), ("probe", ["cached", 1]),
-            ("evict", "evicted"), ("probe", ["not cached", 1])])
-    assert all(r.ok for r in channel), [r.outcomes for r in channel]
+        for _ in range(3):
+            tries.append(_page_cache_checks(unfiltered, [
+                ("load", [True, "read ahead"]), ("probe", ["cached", 1]),
+                ("evict", "evicted"), ("probe", ["not cached", 1])]))
+            if all(r.ok for r in tries[-1]):
+                break
+    assert all(r.ok for r in tries[-1]), [[r.outcomes for r in t] for t in tries]
 
 
 SOCKETS_AND_CALLS = """
