@@ -455,7 +455,7 @@ class ForkCreditTrainer(_CreditTrainer):
                       self.num_generations)
         rewards = self._batch_rewards(B)[p * B:(p + 1) * B]  # [B] this process's rows
         told = self._sandbox_reward.history[-1]  # the sandbox reward of these rows, in order
-        tasks = [RepairTask.from_dict(json.loads(example["task"])) for example in inputs]
+        tasks = [self._sandbox_reward.task(example["task"]) for example in inputs]  # its cache
         lengths = out["completion_mask"].sum(1).tolist()
         rollouts = [  # ``sample``: the batch row, unique even where a task fills two groups
             rollout_from_ids(self.processing_class, ids[:k].tolist(), task.task_id, p * B + b,
