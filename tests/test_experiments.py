@@ -742,5 +742,10 @@ def test_a_didpo_pilot_reads_the_oracles_headroom_and_plans_the_seeds():
     assert clean.split("|")[4].strip() == "no"  # +0.025: short of the headroom
     assert screened.split("|")[4].strip() == "yes"  # about +0.17, interval above 0
     assert screened.split("|")[5].strip().isdigit()
+    one = {"methods": {m: {"paired_clean_change": stats.paired_change({0: per[0]}, ids)}
+                       for m, per in (("grpo", grpo), ("oracle_hunk", gain))},
+           "paired_clean": {"tasks": 60}}
+    row = next(x for x in didpo.pilot_lines(one) if x.startswith("| paired clean"))
+    assert row.split("|")[4].strip() == "not decided (one seed)"  # no interval, no traceback
     results["methods"]["didpo"] = results["methods"]["grpo"]
     assert didpo.pilot_lines(results) == []  # DiDPO trained: a full page, no pilot reading

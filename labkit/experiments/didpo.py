@@ -122,7 +122,10 @@ def pilot_lines(results: dict) -> list[str]:
             continue
         p = claims.plan(change, change["mean"]) if change["mean"] > 0 else None
         seeds = "n/a (no gain)" if p is None else (str(p["seeds"]) if p["seeds"] else "more than 64")
-        verdict = "yes" if change["ci95"][0] > 0 and change["mean"] >= HEADROOM else "no"
+        if not change.get("ci95"):  # one seed: no interval to read
+            verdict = "not decided (one seed)"
+        else:
+            verdict = "yes" if change["ci95"][0] > 0 and change["mean"] >= HEADROOM else "no"
         rows.append(f"| {key.replace('_', ' ')} | {results[key]['tasks']} | {pages.cell(change)} | "
                     f"{verdict} | {seeds} |")
     return ["## Pilot: is there headroom for diff-level credit?", "",
