@@ -275,6 +275,15 @@ class _CreditTrainer(CurriculumGRPOTrainer):
                                "number of rows")
         return rewards
 
+    def _gathered(self, local: list[float]) -> tuple[list[float], list[float]]:
+        """Per-process figures ``local`` summed over processes and their largest value (the
+        slowest process's time)."""
+        stats = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.gather(stats)
+        stats = stats.view(-1, len(local)).cpu()
+        return stats.sum(0).tolist(), stats.max(0).values.tolist()
+
     def _set_advantages(self, out: dict, advantages: torch.Tensor) -> None:
         """This process's ``[B, T]`` credit as TRL's advantages (cut or padded to TRL's width)."""
         local = out["completion_mask"]
@@ -365,11 +374,7 @@ class DiDPOTrainer(_CreditTrainer):
         sums = anchor_sums(credit.artifacts.get("anchors", {}), G, own)
         local = [sums["count"], sums["n"], sums["gs"], sums["covered"], sums["ad_nonzero"],
                  float(lengths.sum()), credit.metrics.get("anchors/build_s", 0.0), seconds, nbytes]
-        stats = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            stats = self.accelerator.gather(stats).view(self.accelerator.num_processes, -1)
-        stats = stats.view(-1, len(local)).cpu()
-        total, slowest = stats.sum(0).tolist(), stats.max(0).values.tolist()
+        total, slowest = self._gathered(local)
         count, n, gs, covered, ad_nonzero, tokens = total[:6]
         values = {"count": count, "mean_group_size": n / count if count else 0.0,
                   "mean_gs": gs / count if count else 0.0,
@@ -498,12 +503,8 @@ class ForkCreditTrainer(_CreditTrainer):
         """``fork/*`` of the whole batch: forks and differing ones summed over processes, the
         deltas' mean and RMS from the batch's moments, the slowest process's times."""
         forks = got.batch.forks
-        local = [len(forks), sum(f.differs for f in forks), got.gen_s, got.exec_s]
-        stats = torch.tensor(local, dtype=torch.float64, device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            stats = self.accelerator.gather(stats).view(self.accelerator.num_processes, -1)
-        stats = stats.view(-1, len(local)).cpu()
-        total, slowest = stats.sum(0).tolist(), stats.max(0).values.tolist()
+        total, slowest = self._gathered([len(forks), sum(f.differs for f in forks), got.gen_s,
+                                          got.exec_s])
         F, s1, s2 = moments
         values = {"n": total[0], "differs_frac": total[1] / max(total[0], 1.0),
                   "dr_mean": s1 / F if F else 0.0, "dr_rms": (s2 / F) ** 0.5 if F else 0.0,

@@ -400,7 +400,6 @@ def train_verifier(verifier: Verifier, examples: Sequence[VerifierExample],
             continue
         heldin.append(heldin_loss(verifier, validation, cfg) if validation else
                       sum(losses[first:]) / max(1, len(losses) - first))
-        verifier.train()
         if on_log:
             on_log({"verifier/epoch": epoch, "verifier/heldin_loss": heldin[-1]})
         if heldin[-1] < best:  # the lowest so far: keep its weights
@@ -426,16 +425,13 @@ def heldin_loss(verifier: Verifier, examples: Sequence[VerifierExample],
     """The configured loss on ``examples``, every task whole in one batch of its own, averaged
     over tasks (deterministic: no subsets, no shuffling; eval mode)."""
     loss_fn = VERIFIER_LOSSES.get(config.loss)
-    by: dict[str, list[VerifierExample]] = {}
-    for e in examples:
-        by.setdefault(e.group, []).append(e)
-    verifier.eval()
-    out = []
-    for group in sorted(by):
-        batch = by[group]
-        scores = torch.tensor(verifier.score_texts([e.text for e in batch]))  # [n]
-        labels = torch.tensor([e.label for e in batch])  # [n]
-        out.append(loss_fn(scores, labels, torch.zeros(len(batch)), reg=config.reg).item())
+    scores = verifier.score_texts([e.text for e in examples])  # one batched pass, eval mode
+    by: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        by.setdefault(e.group, []).append(i)
+    out = [loss_fn(torch.tensor([scores[i] for i in idx]),
+                   torch.tensor([examples[i].label for i in idx]),
+                   torch.zeros(len(idx)), reg=config.reg).item() for _, idx in sorted(by.items())]
     return sum(out) / max(1, len(out))
 
 
