@@ -17,6 +17,32 @@ from labkit.experiments.config import NOT_IN_COMMAND, command
 from labkit.docs.findings import table as findings_table
 
 
+def test_step_costs_are_measured_once_per_run_root(tmp_path, monkeypatch):
+    """A restarted didpo experiment reads its side-by-side costs back (so ``didpo_fork@wall``
+    keeps its steps); another training config or other code measures anew."""
+    from labkit import provenance
+    from labkit.experiments import didpo
+
+    measured = []
+
+    def fake(exp, methods, rounds=2):
+        measured.append(methods)
+        return {m: 1.0 + len(measured) + i for i, m in enumerate(methods)}
+
+    monkeypatch.setattr(didpo, "measure_step_costs", fake)
+    exp = didpo.Config(run_root=str(tmp_path))
+    first, where = didpo.step_costs(exp, ("grpo", "didpo_fork"))
+    assert where == "measured" and first == {"grpo": 2.0, "didpo_fork": 3.0}
+    again, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path)), ("grpo", "didpo_fork"))
+    assert again == first and where.endswith("step_costs.json") and len(measured) == 1
+    other, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path), lr=1e-4), ("grpo", "didpo_fork"))
+    assert where == "measured" and other == {"grpo": 3.0, "didpo_fork": 4.0}
+    moved = {**provenance.code_identity(), "commit": "0" * 40}
+    monkeypatch.setattr(provenance, "code_identity", lambda *a, **k: moved)
+    _, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path), lr=1e-4), ("grpo", "didpo_fork"))
+    assert where == "measured" and len(measured) == 3
+
+
 def test_unknown_experiment_is_named():
     with pytest.raises(ValueError, match="unknown experiment .nope.; available: learning, reshaping"):
         load("nope")
@@ -50,6 +76,8 @@ def test_experiment_didpo_end_to_end_tiny_budget(tmp_path):
                                                             / res["step_costs_s"]["didpo_fork"]))
     assert [c["role"] for c in res["primary"]["contrasts"]] == ["claim", "positive", "negative"]
     assert res["primary"]["contrasts"][0]["size_abs"] == 0.056
+    kept = json.loads((runs / "step_costs.json").read_text())
+    assert res["step_costs_from"] == "measured" and kept["costs"] == res["step_costs_s"]
     assert "DiDPO - GRPO" in findings_table(tmp_path)
     assert res["methods"]["oracle_hunk"]["abs_adv_per_token"] is not None
     md = (tmp_path / "didpo.md").read_text()

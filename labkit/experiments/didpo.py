@@ -22,16 +22,19 @@ the mean ``|A|`` per token and the update's gradient norm.
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import provenance
 from labkit.experiments import claims, pages
 from labkit.experiments.claims import Contrast
 from labkit.experiments.config import ExperimentConfig, command
 from labkit.experiments.methods import METHODS, check_methods, variant
 from labkit.experiments.paired import add_paired
-from labkit.experiments.runs import check_engine, method_config, run_methods, training_record
+from labkit.experiments.runs import (check_engine, engine_folder, method_config, run_methods,
+                                     train_config_record, training_record)
 from labkit.loops.trainer import Trainer
 
 TITLE = "Diff-level credit on multi-hunk repairs: GRPO, DiDPO, DiDPO-fork and an oracle"
@@ -181,18 +184,52 @@ def measure_step_costs(exp: Config, methods: tuple[str, ...], rounds: int = 2) -
     return {m: statistics.median(v) for m, v in times.items()}
 
 
+COSTS_FILE = "step_costs.json"
+"""Where an experiment keeps its side-by-side step costs, in its engine's folder of the run root."""
+
+
+def step_costs(exp: Config, methods: tuple[str, ...]) -> tuple[dict[str, float], str]:
+    """The side-by-side step costs of ``methods`` (:func:`measure_step_costs`) and where they
+    came from: ``"measured"`` now, or the path of :data:`COSTS_FILE` they were read from.
+
+    They are measured once per run root and kept with the code and every timed method's
+    training config: a later start of the same experiment at the same code and configs (a
+    resume after an interruption) reads them back, so ``didpo_fork@wall`` keeps the number of
+    steps it started with. A cost measured again would differ by its noise, change those steps
+    and so the runs' configs, and restart them from nothing. Other code or configs measure
+    anew (and replace the file)."""
+    path = Path(exp.run_root) / engine_folder("didpo", exp) / COSTS_FILE
+    key = json.loads(json.dumps({
+        "methods": list(methods), "rounds": exp.cost_rounds,
+        "configs": {m: train_config_record(method_config(exp, m, exp.seeds[0], "-", shared(exp)))
+                    for m in methods}}))
+    now = provenance.code_identity()
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        kept = None
+    if (isinstance(kept, dict) and all(kept.get(k) == v for k, v in key.items())
+            and provenance.drift([kept.get("code")], now) is None):
+        return {m: float(kept["costs"][m]) for m in methods}, str(path)
+    costs = measure_step_costs(exp, methods, exp.cost_rounds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**key, "code": now, "costs": costs}, indent=1))
+    return costs, "measured"
+
+
 def run(exp: Config) -> Path:
     exp.validate()  # unknown methods fail before training
     methods = trained(exp)
     check_engine(exp, methods, shared(exp))  # before the step costs are measured
     walls = [METHODS[m] for m in methods if METHODS[m].wall]  # timed against their own method
     timed = tuple(dict.fromkeys([*(x for w in walls for x in (w.wall, w.variant_of)), *exp.methods]))
-    costs = measure_step_costs(exp, timed, exp.cost_rounds) if walls else {}
+    costs, costs_from = step_costs(exp, timed) if walls else ({}, None)
     wall_steps = max(1, int(exp.steps * costs[walls[0].wall] / costs[walls[0].variant_of])) \
         if walls else None
     results = run_methods("didpo", methods, exp, shared=shared(exp), wall_steps=wall_steps)
     results["command"] = command("didpo", exp)
     results["step_costs_s"] = costs
+    results["step_costs_from"] = costs_from
     results["wall_steps"] = wall_steps
     training_record(results)
     if exp.paired_tasks:
@@ -250,6 +287,9 @@ def cost_text(results: dict) -> str:
     costs, wall = results.get("step_costs_s") or {}, results.get("wall_steps")
     if not costs or wall is None:
         return "No side-by-side cost measurement in this run."
-    return (f"Step costs measured side by side before training; `didpo_fork@wall` trains "
+    when = ("before training" if results.get("step_costs_from") in (None, "measured") else
+            "when this experiment's runs first started (kept in their folder's "
+            f"`{COSTS_FILE}`, so a resumed experiment trains the same steps)")
+    return (f"Step costs measured side by side {when}; `didpo_fork@wall` trains "
             f"{wall} steps, what fits in the wall time of GRPO's {results['setting']['steps']} "
             f"(a fork step costs {costs['didpo_fork'] / costs['grpo']:.2f}x GRPO's).")
