@@ -65,6 +65,25 @@ def test_fork_bench_runs_and_reports_its_bound(tmp_path):
     assert 0 < out["decode_bound_ratio"] and out["reuse_decode_s"] > 0
 
 
+def test_benchmarks_table_shows_each_command_latest_record_and_skips_other_figures(tmp_path):
+    from labkit.docs.findings import benchmarks
+
+    def rec(command, **result):
+        return json.dumps({"bench": "sandbox", "command": command, "result": result,
+                           "machine": {"cores": 2, "load_1min": 0.1}})
+
+    plain, short = "python -m labkit.bench sandbox", "python -m labkit.bench sandbox --test-timeout 0.25"
+    records = tmp_path / "records.jsonl"
+    records.write_text("\n".join([rec(plain, ratio=1.2, ratio_all_tests=1.3),
+                                   rec(short, ratio=2.7, ratio_all_tests=2.8),
+                                   rec(plain, ratio=1.4, ratio_all_tests=2.6),
+                                   rec(plain + " --costs", filter_ms_per_check=0.7)]) + "\n")
+    rows = [line for line in benchmarks(records).splitlines() if line.startswith("| `sandbox`")]
+    assert len(rows) == 2 and f"`{plain}`" in rows[0] and f"`{short}`" in rows[1]
+    assert "`ratio` 1.4 (missed); `ratio_all_tests` 2.6 (met)" in rows[0]
+    assert "`ratio` 2.7 (met); `ratio_all_tests` 2.8 (met)" in rows[1]
+
+
 def test_record_needs_a_file_and_a_json_line(tmp_path):
     from labkit.bench.__main__ import main, record
 
