@@ -35,6 +35,8 @@ def test_step_costs_are_measured_once_per_run_root(tmp_path, monkeypatch):
     assert where == "measured" and first == {"grpo": 2.0, "didpo_fork": 3.0}
     again, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path)), ("grpo", "didpo_fork"))
     assert again == first and where.endswith("step_costs.json") and len(measured) == 1
+    part, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path), seeds=(2,)), ("didpo_fork",))
+    assert part == {"didpo_fork": 3.0} and len(measured) == 1
     other, where = didpo.step_costs(didpo.Config(run_root=str(tmp_path), lr=1e-4), ("grpo", "didpo_fork"))
     assert where == "measured" and other == {"grpo": 3.0, "didpo_fork": 4.0}
     moved = {**provenance.code_identity(), "commit": "0" * 40}

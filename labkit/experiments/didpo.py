@@ -194,8 +194,9 @@ def step_costs(exp: Config, methods: tuple[str, ...]) -> tuple[dict[str, float],
 
     They are measured once per run root and kept with the code and every timed method's
     training config: a later start of the same experiment at the same code and configs (a
-    resume after an interruption) reads them back, so ``didpo_fork@wall`` keeps the number of
-    steps it started with. A cost measured again would differ by its noise, change those steps
+    resume after an interruption, or a process that trains other seeds of it) reads them back,
+    so ``didpo_fork@wall`` keeps the number of steps it started with; so does a start that times
+    a subset of the kept methods. A cost measured again would differ by its noise, change those steps
     and so the runs' configs, and restart them from nothing. Other code or configs measure
     anew (and replace the file)."""
     path = Path(exp.run_root) / engine_folder("didpo", exp) / COSTS_FILE
@@ -208,7 +209,8 @@ def step_costs(exp: Config, methods: tuple[str, ...]) -> tuple[dict[str, float],
         kept = json.loads(path.read_text())
     except (OSError, ValueError):
         kept = None
-    if (isinstance(kept, dict) and all(kept.get(k) == v for k, v in key.items())
+    if (isinstance(kept, dict) and kept.get("rounds") == key["rounds"]
+            and all(kept.get("configs", {}).get(m) == c for m, c in key["configs"].items())
             and provenance.drift([kept.get("code")], now) is None):
         return {m: float(kept["costs"][m]) for m in methods}, str(path)
     costs = measure_step_costs(exp, methods, exp.cost_rounds)
