@@ -514,6 +514,7 @@ def cmd_experiment(args) -> int:
     from labkit.experiments.pages import PublishError
     from labkit.experiments.stats import verdict
     from labkit.experiments.trl_engine import EngineError
+    from labkit.loops.checkpoints import RunFolderError
     from labkit.provenance import CodeDriftError
 
     try:
@@ -524,7 +525,7 @@ def cmd_experiment(args) -> int:
         raise CLIError(str(e)) from None
     try:
         md = module.run(exp)
-    except (CodeDriftError, PublishError, ReuseError, EngineError) as e:
+    except (CodeDriftError, PublishError, ReuseError, EngineError, RunFolderError) as e:
         raise CLIError(str(e)) from None
     print(md.read_text())
     results = json.loads(md.with_suffix(".json").read_text())

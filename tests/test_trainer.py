@@ -14,6 +14,7 @@ import torch
 
 from conftest import toy_tasks
 from labkit.config import from_dict, to_dict
+from labkit.runs.events import RunFolder
 from labkit.loops.trainer import (CheckpointError, RunFolderError, Trainer, TrainConfig,
                                   latest_checkpoint)
 
@@ -107,6 +108,33 @@ def test_run_folder_and_checkpoints(toy_model_dir, tmp_path):
     with pytest.raises(CheckpointError, match="no intact checkpoint"):
         tr2.resume()
     tr2.close()
+
+
+def test_a_run_another_live_process_trains_is_refused_until_it_ends(toy_model_dir, tmp_path):
+    """Two processes must never train one folder (an experiment split over processes by
+    hand): training or resuming it while another live process's running mark is there is
+    refused, before anything in the folder changes; a stale mark is ignored."""
+    import socket
+    import subprocess
+
+    cfg = _cfg(tmp_path / "run", toy_model_dir, steps=1, checkpoint_every=5)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        RunFolder(cfg.run_dir).write_json(RunFolder.RUNNING, {"pid": other.pid, "host": socket.gethostname(),
+                                                              "since": 0})
+        tr = Trainer(cfg, train_tasks=toy_tasks(), eval_tasks=[])
+        with pytest.raises(RunFolderError, match=f"is being trained by process {other.pid} on this host"):
+            tr.train(progress=False)
+        with pytest.raises(RunFolderError, match="being trained by process"):
+            tr.resume()
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["running.json"]
+    finally:
+        other.kill()
+        other.wait()
+    tr.train(progress=False)  # the mark's process is gone
+    tr.close()
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "run" / "running.json").exists()
 
 
 def test_a_folder_holding_another_run_is_refused(toy_model_dir, tmp_path):

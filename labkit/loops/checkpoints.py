@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,15 @@ def held_run_error(run) -> RunFolderError:
     return RunFolderError(f"{run.path} already holds a run ({done} steps logged): resume it "
                           "(--resume / Trainer.resume()), train into a new run_dir, or pass "
                           "--overwrite to replace it")
+
+
+def busy_run_error(run, mark: dict) -> RunFolderError:
+    """The error for a run folder (a :class:`~labkit.runs.events.RunFolder`) that another
+    live process trains now (its running mark, :meth:`~labkit.runs.events.RunFolder.held_elsewhere`)."""
+    since = time.strftime("%H:%M", time.localtime(mark.get("since", 0)))
+    return RunFolderError(f"{run.path} is being trained by process {mark.get('pid')} on this host "
+                          f"(since {since}): wait for it to end or stop it; processes that split "
+                          "an experiment must each train other runs")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -232,8 +242,11 @@ class Checkpointing:
         checkpoint (its partial logs are dropped). Stale ``.tmp`` checkpoint folders are
         removed. A run trained by other code (another commit or other uncommitted changes,
         :mod:`labkit.provenance`) is refused (:class:`labkit.provenance.CodeDriftError`) unless
-        ``allow_code_drift``; the resume is recorded in its ``provenance.json``. Returns the
-        step training continues from."""
+        ``allow_code_drift``; the resume is recorded in its ``provenance.json``. A run that
+        another live process trains now is refused (:func:`busy_run_error`) before anything
+        in its folder changes. Returns the step training continues from."""
+        if (mark := self.run.held_elsewhere()) is not None:
+            raise busy_run_error(self.run, mark)
         for stale in (self.run.path / "checkpoints").glob("*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
             print(f"{stale}: removed a checkpoint left half-written", flush=True)

@@ -99,6 +99,21 @@ class RunFolder:
                 and mark.get("host") == socket.gethostname():
             self.file(self.RUNNING).unlink(missing_ok=True)
 
+    def held_elsewhere(self) -> dict | None:
+        """The running mark of another process on this host that is still alive: it trains
+        this run now (``None``: no other process does, or its mark is stale or from another
+        host, whose processes this one cannot see)."""
+        mark = self.running_mark()
+        if not mark or mark.get("host") != socket.gethostname() or mark.get("pid") == os.getpid():
+            return None
+        try:
+            os.kill(int(mark["pid"]), 0)
+        except PermissionError:  # alive, another user's
+            return mark
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+        return mark
+
     def running_mark(self) -> dict | None:
         """The running mark (``None`` when there is none or it is unreadable)."""
         try:
