@@ -27,7 +27,7 @@ from labkit.experiments.methods import METHODS, check_methods
 from labkit.experiments.paired import paired_list
 from labkit.runs.events import RunFolder
 from labkit.runs.trackers import WATCH_FIELDS
-from labkit.loops.checkpoints import busy_run_error
+from labkit.loops.checkpoints import refuse_busy
 from labkit.loops.trainer import TrainConfig, Trainer, latest_checkpoint
 from labkit.policy.loading import weights_fingerprint
 from labkit.provenance import CodeDriftError, record_weights  # noqa: F401 (re-exported)
@@ -79,8 +79,7 @@ def run_methods(name: str, methods: Sequence[str], exp: ExperimentConfig,
                 print(f"{method} seed {seed}: reusing the finished run in {done} (its first "
                       f"{cfg.steps} steps)", flush=True)
                 continue
-            if (mark := RunFolder(run_dir).held_elsewhere()) is not None:  # before it is moved or resumed
-                raise busy_run_error(RunFolder(run_dir), mark)
+            refuse_busy(RunFolder(run_dir))  # before the folder is moved aside or resumed
             t0 = time.time()
             if exp.engine == "trl":  # another config's folder is moved aside; an unfinished run restarts
                 prepare_run_dir(run_dir, cfg, weights=weights)

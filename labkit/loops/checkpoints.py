@@ -55,13 +55,17 @@ def held_run_error(run) -> RunFolderError:
                           "--overwrite to replace it")
 
 
-def busy_run_error(run, mark: dict) -> RunFolderError:
-    """The error for a run folder (a :class:`~labkit.runs.events.RunFolder`) that another
-    live process trains now (its running mark, :meth:`~labkit.runs.events.RunFolder.held_elsewhere`)."""
+def refuse_busy(run) -> None:
+    """Raise :class:`RunFolderError` when another live process trains the run folder ``run``
+    (a :class:`~labkit.runs.events.RunFolder`) now, as its running mark says
+    (:meth:`~labkit.runs.events.RunFolder.held_elsewhere`)."""
+    mark = run.held_elsewhere()
+    if mark is None:
+        return
     since = time.strftime("%H:%M", time.localtime(mark.get("since", 0)))
-    return RunFolderError(f"{run.path} is being trained by process {mark.get('pid')} on this host "
-                          f"(since {since}): wait for it to end or stop it; processes that split "
-                          "an experiment must each train other runs")
+    raise RunFolderError(f"{run.path} is being trained by process {mark.get('pid')} on this host "
+                         f"(since {since}): wait for it to end or stop it; processes that split "
+                         "an experiment must each train other runs")
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -243,10 +247,9 @@ class Checkpointing:
         removed. A run trained by other code (another commit or other uncommitted changes,
         :mod:`labkit.provenance`) is refused (:class:`labkit.provenance.CodeDriftError`) unless
         ``allow_code_drift``; the resume is recorded in its ``provenance.json``. A run that
-        another live process trains now is refused (:func:`busy_run_error`) before anything
+        another live process trains now is refused (:func:`refuse_busy`) before anything
         in its folder changes. Returns the step training continues from."""
-        if (mark := self.run.held_elsewhere()) is not None:
-            raise busy_run_error(self.run, mark)
+        refuse_busy(self.run)
         for stale in (self.run.path / "checkpoints").glob("*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
             print(f"{stale}: removed a checkpoint left half-written", flush=True)

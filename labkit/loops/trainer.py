@@ -43,7 +43,7 @@ from labkit.runs import metrics as M
 from labkit.runs.background import TrainingStopped, stopped_line
 from labkit.loops.checkpoints import (CheckpointError, Checkpointing, OptimiserPart,  # noqa: F401
                                       Part, RunFolderError, StagePart, StatePart, WeightsPart,
-                                      busy_run_error, held_run_error, latest_checkpoint)
+                                      held_run_error, latest_checkpoint, refuse_busy)
 from labkit.loops.config import OptimConfig, TrainConfig, load_config  # noqa: F401
 from labkit.runs.events import EventBus, RunFolder
 from labkit.loops.parallel import DataParallel
@@ -178,8 +178,8 @@ class Trainer(Checkpointing):
         end = cfg.steps if steps is None else min(cfg.steps, self.step + steps)
         self._stop = False
         rows = []
-        if self.is_main and (mark := self.run.held_elsewhere()):
-            raise busy_run_error(self.run, mark)
+        if self.is_main:
+            refuse_busy(self.run)
         if self.step == 0:
             if self.is_main and not self._resumed and self.run.holds_run():
                 if not self.overwrite:
